@@ -1,0 +1,1 @@
+//! Routing client for Stele cells.

@@ -1,0 +1,75 @@
+//! Crash-safe file replacement, the one way Stele publishes a whole file.
+//!
+//! ```text
+//! write <name>.tmp -> fsync file -> rename to <name> -> fsync directory
+//! ```
+//!
+//! After `durable_write` returns, a crash leaves either no file or the whole
+//! file under its final name, never a partial one (POSIX rename is atomic and
+//! the directory fsync makes the new name durable). Everything that publishes
+//! a file (segments, manifests, the node identity file) goes through here.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::Path;
+
+/// Writes `bytes` to `path` atomically and durably.
+pub fn durable_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let dir = path.parent().ok_or_else(|| {
+        io::Error::new(io::ErrorKind::InvalidInput, "path has no parent directory")
+    })?;
+    let file_name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
+    let mut tmp_name = file_name.to_os_string();
+    tmp_name.push(".tmp");
+    let tmp = dir.join(tmp_name);
+    {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+    }
+    fs::rename(&tmp, path)?;
+    fsync_dir(dir)
+}
+
+/// Makes the directory entries of `dir` durable (new, renamed or removed names).
+pub fn fsync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Creates `dir` and its parents, then fsyncs it and its parent so the new
+/// directory survives a crash.
+pub fn create_dir_durable(dir: &Path) -> io::Result<()> {
+    fs::create_dir_all(dir)?;
+    fsync_dir(dir)?;
+    if let Some(parent) = dir.parent() {
+        if !parent.as_os_str().is_empty() {
+            fsync_dir(parent)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durable_write_replaces_whole_file_and_leaves_no_temp() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.bin");
+        durable_write(&path, b"first").unwrap();
+        durable_write(&path, b"second").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"second");
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "temp file left behind: {names:?}");
+    }
+}

@@ -1,0 +1,3 @@
+//! Stele storage node: journal, segments, catalog, tablets and their Raft glue.
+
+pub mod fsutil;

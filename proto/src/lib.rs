@@ -1,0 +1,1 @@
+//! Stele wire and disk types. Depends on no workspace crate.

@@ -1,0 +1,1 @@
+//! Multi-process integration tests of whole cells live in `tests/tests/`.
