@@ -1,0 +1,149 @@
+//! Payloads of tablet Raft entries (CBOR). These are persisted in every
+//! replica's journal and replayed on recovery, so they are versioned disk
+//! types: fields are only ever added with `#[serde(default)]`, never renamed.
+
+use serde::{Deserialize, Serialize};
+
+use crate::pb;
+
+/// A record position: the tablet that applied it, its Raft log index and its
+/// slot within the batch. Positions are immutable; a key's version is the
+/// position of its latest record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Pos {
+    pub tablet: u64,
+    pub index: u64,
+    pub slot: u32,
+}
+
+impl From<Pos> for pb::Position {
+    fn from(p: Pos) -> Self {
+        pb::Position {
+            tablet: p.tablet,
+            index: p.index,
+            slot: p.slot,
+        }
+    }
+}
+
+impl From<pb::Position> for Pos {
+    fn from(p: pb::Position) -> Self {
+        Pos {
+            tablet: p.tablet,
+            index: p.index,
+            slot: p.slot,
+        }
+    }
+}
+
+/// One record of a batch, with its vshard computed by the node that
+/// accepted it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordIn {
+    #[serde(with = "serde_bytes")]
+    pub key: Vec<u8>,
+    pub ts: u64,
+    #[serde(with = "serde_bytes")]
+    pub value: Vec<u8>,
+    pub vshard: u32,
+}
+
+/// A condition on a key's latest version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Expect {
+    #[serde(with = "serde_bytes")]
+    pub key: Vec<u8>,
+    pub version: Option<Pos>,
+}
+
+/// A batch for one tablet, applied atomically and idempotently.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppendBatch {
+    pub namespace: String,
+    /// The client's 128-bit batch id as (high, low) halves.
+    pub batch_id: [u64; 2],
+    pub records: Vec<RecordIn>,
+    pub expect: Option<Expect>,
+    /// Leader wall clock at proposal, microseconds. Deterministic on every
+    /// replica because it is in the log; ages receipts out of their window.
+    pub proposed_at_us: u64,
+}
+
+/// Why a seal was proposed (kept in the log for operators).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SealReason {
+    Size,
+    Age,
+    NodeBudget,
+    JournalTrim,
+    Operator,
+}
+
+/// The command carried by a tablet Raft entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TabletCommand {
+    Append(AppendBatch),
+    /// Seals every memtable row applied before this entry into one segment.
+    /// Every replica seals at the same log index, so every replica builds the
+    /// same segment bytes.
+    Seal { reason: SealReason },
+}
+
+/// The result of applying a [`TabletCommand`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TabletResponse {
+    /// Positions of the batch's records; `duplicate` when a receipt already
+    /// covered the batch (the positions are the original ones).
+    Appended { positions: Vec<Pos>, duplicate: bool },
+    ConditionFailed { actual: Option<Pos> },
+    /// The batch was refused at apply time (a record outside the tablet's
+    /// range after a topology change); nothing was applied.
+    Rejected { reason: String },
+    Sealed,
+    /// Membership and blank entries.
+    None,
+}
+
+/// Splits a 128-bit batch id into the halves stored in the log.
+pub fn batch_id_halves(id: u128) -> [u64; 2] {
+    [(id >> 64) as u64, id as u64]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_cbor_round_trip() {
+        let cmd = TabletCommand::Append(AppendBatch {
+            namespace: "a/b".into(),
+            batch_id: batch_id_halves(u128::MAX - 7),
+            records: vec![RecordIn {
+                key: b"k".to_vec(),
+                ts: 5,
+                value: vec![0; 100],
+                vshard: 77,
+            }],
+            expect: Some(Expect {
+                key: b"k".to_vec(),
+                version: Some(Pos {
+                    tablet: 1,
+                    index: 2,
+                    slot: 0,
+                }),
+            }),
+            proposed_at_us: 9,
+        });
+        let mut buf = Vec::new();
+        ciborium::into_writer(&cmd, &mut buf).unwrap();
+        let back: TabletCommand = ciborium::from_reader(&buf[..]).unwrap();
+        assert_eq!(back, cmd);
+    }
+
+    #[test]
+    fn garbage_does_not_decode_or_panic() {
+        for bytes in [&b""[..], b"\xff\xff", b"\xa1\x00", &[0x9f; 64]] {
+            assert!(ciborium::from_reader::<TabletCommand, _>(bytes).is_err());
+        }
+    }
+}
