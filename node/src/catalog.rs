@@ -1,0 +1,327 @@
+//! The node's catalog: a redb database holding what must survive a restart
+//! besides the journal and the segment files.
+//!
+//! ```text
+//! meta      "format" -> u32            catalog format version
+//! tablets   tablet   -> CBOR TabletRecord   range, generation, checkpoint, segments
+//! raft      (tablet, "vote"|"purged") -> CBOR bytes (opaque openraft types)
+//! receipts  (tablet, batch key) -> CBOR Receipt
+//! ```
+//!
+//! Every commit is `Durability::Immediate`: redb fsyncs before `commit`
+//! returns, so a published segment, a checkpoint and a vote are durable once
+//! the call returns. Values are versioned CBOR, never Rust struct dumps.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+const META: TableDefinition<&str, u32> = TableDefinition::new("meta");
+const TABLETS: TableDefinition<u64, &[u8]> = TableDefinition::new("tablets");
+const RAFT: TableDefinition<(u64, &str), &[u8]> = TableDefinition::new("raft");
+const RECEIPTS: TableDefinition<(u64, &[u8]), &[u8]> = TableDefinition::new("receipts");
+
+/// Catalog format version. Startup refuses any other.
+pub const CATALOG_FORMAT: u32 = 1;
+
+/// A published segment of a tablet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentRef {
+    pub id: String,
+    pub bytes: u64,
+    pub rows: u64,
+    pub log_first: u64,
+    pub log_last: u64,
+    pub ts_min: u64,
+    pub ts_max: u64,
+}
+
+/// Everything the catalog knows about one tablet replica.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TabletRecord {
+    pub v: u16,
+    pub id: u64,
+    pub vshard_lo: u32,
+    pub vshard_hi: u64,
+    pub generation: u64,
+    /// Highest log index whose rows are all in published segments (0: none).
+    pub checkpoint: u64,
+    /// The openraft log id and membership at the checkpoint (opaque CBOR
+    /// owned by `node::raft`), the state machine's durable applied state.
+    #[serde(with = "serde_bytes")]
+    pub applied_state: Vec<u8>,
+    pub segments: Vec<SegmentRef>,
+}
+
+/// A receipt row, keyed by (tablet, receipt key).
+#[derive(Debug, Clone)]
+pub struct ReceiptRow {
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+}
+
+/// The node catalog. Cheap to clone.
+#[derive(Clone)]
+pub struct Catalog {
+    db: Arc<Database>,
+    path: PathBuf,
+}
+
+fn db_err(path: &Path) -> impl Fn(redb::Error) -> Error + '_ {
+    move |e| Error::Catalog {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    }
+}
+
+pub(crate) fn to_cbor<T: Serialize>(value: &T) -> Vec<u8> {
+    let mut buf = Vec::new();
+    ciborium::into_writer(value, &mut buf).expect("CBOR encoding into a Vec cannot fail");
+    buf
+}
+
+pub(crate) fn from_cbor<T: for<'de> Deserialize<'de>>(what: &str, bytes: &[u8]) -> Result<T> {
+    ciborium::from_reader(bytes).map_err(|e| Error::Decode {
+        what: what.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+impl Catalog {
+    /// Opens or creates the catalog at `path`, refusing an unknown format.
+    pub fn open(path: &Path) -> Result<Catalog> {
+        let err = db_err(path);
+        let db = Database::create(path).map_err(|e| err(e.into()))?;
+        let txn = db.begin_write().map_err(|e| err(e.into()))?;
+        {
+            let mut meta = txn.open_table(META).map_err(|e| err(e.into()))?;
+            let found = meta
+                .get("format")
+                .map_err(|e| err(e.into()))?
+                .map(|g| g.value());
+            match found {
+                None => {
+                    meta.insert("format", CATALOG_FORMAT)
+                        .map_err(|e| err(e.into()))?;
+                }
+                Some(CATALOG_FORMAT) => {}
+                Some(other) => {
+                    return Err(Error::UnknownVersion {
+                        what: format!("catalog {}", path.display()),
+                        found: other,
+                        supported: CATALOG_FORMAT,
+                    });
+                }
+            }
+            txn.open_table(TABLETS).map_err(|e| err(e.into()))?;
+            txn.open_table(RAFT).map_err(|e| err(e.into()))?;
+            txn.open_table(RECEIPTS).map_err(|e| err(e.into()))?;
+        }
+        txn.commit().map_err(|e| err(e.into()))?;
+        Ok(Catalog {
+            db: Arc::new(db),
+            path: path.to_path_buf(),
+        })
+    }
+
+    fn err(&self) -> impl Fn(redb::Error) -> Error + '_ {
+        db_err(&self.path)
+    }
+
+    /// All tablet records, by id.
+    pub fn tablets(&self) -> Result<Vec<TabletRecord>> {
+        let err = self.err();
+        let txn = self.db.begin_read().map_err(|e| err(e.into()))?;
+        let table = txn.open_table(TABLETS).map_err(|e| err(e.into()))?;
+        let mut out = Vec::new();
+        for row in table.iter().map_err(|e| err(e.into()))? {
+            let (_, v) = row.map_err(|e| err(e.into()))?;
+            out.push(from_cbor("tablet record", v.value())?);
+        }
+        Ok(out)
+    }
+
+    pub fn tablet(&self, id: u64) -> Result<Option<TabletRecord>> {
+        let err = self.err();
+        let txn = self.db.begin_read().map_err(|e| err(e.into()))?;
+        let table = txn.open_table(TABLETS).map_err(|e| err(e.into()))?;
+        match table.get(id).map_err(|e| err(e.into()))? {
+            Some(v) => Ok(Some(from_cbor("tablet record", v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Writes a tablet record (creation or metadata change).
+    pub fn put_tablet(&self, record: &TabletRecord) -> Result<()> {
+        self.publish(record, &[], &[])
+    }
+
+    /// Publishes a tablet's new record (segments, checkpoint) together with
+    /// the receipts it adds and the receipt keys it drops, in one durable
+    /// transaction: a crash leaves all of it or none.
+    pub fn publish(
+        &self,
+        record: &TabletRecord,
+        add_receipts: &[ReceiptRow],
+        drop_receipts: &[Vec<u8>],
+    ) -> Result<()> {
+        let err = self.err();
+        let txn = self.db.begin_write().map_err(|e| err(e.into()))?;
+        {
+            let mut tablets = txn.open_table(TABLETS).map_err(|e| err(e.into()))?;
+            tablets
+                .insert(record.id, to_cbor(record).as_slice())
+                .map_err(|e| err(e.into()))?;
+            let mut receipts = txn.open_table(RECEIPTS).map_err(|e| err(e.into()))?;
+            for key in drop_receipts {
+                receipts
+                    .remove((record.id, key.as_slice()))
+                    .map_err(|e| err(e.into()))?;
+            }
+            for row in add_receipts {
+                receipts
+                    .insert((record.id, row.key.as_slice()), row.value.as_slice())
+                    .map_err(|e| err(e.into()))?;
+            }
+        }
+        txn.commit().map_err(|e| err(e.into()))
+    }
+
+    /// The receipts of one tablet.
+    pub fn receipts(&self, tablet: u64) -> Result<Vec<ReceiptRow>> {
+        let err = self.err();
+        let txn = self.db.begin_read().map_err(|e| err(e.into()))?;
+        let table = txn.open_table(RECEIPTS).map_err(|e| err(e.into()))?;
+        let lo: (u64, &[u8]) = (tablet, &[]);
+        let mut out = Vec::new();
+        for row in table.range(lo..).map_err(|e| err(e.into()))? {
+            let (k, v) = row.map_err(|e| err(e.into()))?;
+            let (t, key) = k.value();
+            if t != tablet {
+                break;
+            }
+            out.push(ReceiptRow {
+                key: key.to_vec(),
+                value: v.value().to_vec(),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Durably stores an opaque Raft value (vote, purged log id) of a tablet.
+    pub fn put_raft(&self, tablet: u64, name: &str, value: &[u8]) -> Result<()> {
+        let err = self.err();
+        let txn = self.db.begin_write().map_err(|e| err(e.into()))?;
+        {
+            let mut table = txn.open_table(RAFT).map_err(|e| err(e.into()))?;
+            table
+                .insert((tablet, name), value)
+                .map_err(|e| err(e.into()))?;
+        }
+        txn.commit().map_err(|e| err(e.into()))
+    }
+
+    pub fn get_raft(&self, tablet: u64, name: &str) -> Result<Option<Vec<u8>>> {
+        let err = self.err();
+        let txn = self.db.begin_read().map_err(|e| err(e.into()))?;
+        let table = txn.open_table(RAFT).map_err(|e| err(e.into()))?;
+        Ok(table
+            .get((tablet, name))
+            .map_err(|e| err(e.into()))?
+            .map(|v| v.value().to_vec()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: u64) -> TabletRecord {
+        TabletRecord {
+            v: 1,
+            id,
+            vshard_lo: 0,
+            vshard_hi: 1 << 32,
+            generation: 1,
+            checkpoint: 0,
+            applied_state: vec![],
+            segments: vec![],
+        }
+    }
+
+    #[test]
+    fn publish_is_atomic_and_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("catalog.redb");
+        {
+            let cat = Catalog::open(&path).unwrap();
+            cat.put_tablet(&record(1)).unwrap();
+            cat.put_tablet(&record(2)).unwrap();
+            let mut r = record(1);
+            r.checkpoint = 10;
+            r.segments.push(SegmentRef {
+                id: "abc".into(),
+                bytes: 1,
+                rows: 1,
+                log_first: 1,
+                log_last: 10,
+                ts_min: 0,
+                ts_max: 0,
+            });
+            let rows = vec![ReceiptRow {
+                key: b"k1".to_vec(),
+                value: b"v1".to_vec(),
+            }];
+            cat.publish(&r, &rows, &[]).unwrap();
+            cat.publish(&r, &[], &[b"k1".to_vec()]).unwrap();
+            cat.put_raft(1, "vote", b"x").unwrap();
+        }
+        let cat = Catalog::open(&path).unwrap();
+        let all = cat.tablets().unwrap();
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[0].checkpoint, 10);
+        assert_eq!(all[0].segments[0].id, "abc");
+        assert!(cat.receipts(1).unwrap().is_empty());
+        assert_eq!(cat.get_raft(1, "vote").unwrap().unwrap(), b"x");
+        assert_eq!(cat.get_raft(2, "vote").unwrap(), None);
+    }
+
+    #[test]
+    fn receipts_are_per_tablet() {
+        let dir = tempfile::tempdir().unwrap();
+        let cat = Catalog::open(&dir.path().join("c.redb")).unwrap();
+        for t in 1..=3 {
+            let rows: Vec<_> = (0..3)
+                .map(|i| ReceiptRow {
+                    key: vec![i],
+                    value: vec![t as u8],
+                })
+                .collect();
+            cat.publish(&record(t), &rows, &[]).unwrap();
+        }
+        let r2 = cat.receipts(2).unwrap();
+        assert_eq!(r2.len(), 3);
+        assert!(r2.iter().all(|r| r.value == vec![2]));
+    }
+
+    #[test]
+    fn unknown_format_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.redb");
+        {
+            let db = Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            txn.open_table(META).unwrap().insert("format", 99).unwrap();
+            txn.commit().unwrap();
+        }
+        match Catalog::open(&path) {
+            Err(Error::UnknownVersion { found: 99, .. }) => {}
+            Err(other) => panic!("wrong error: {other}"),
+            Ok(_) => panic!("unknown format accepted"),
+        }
+    }
+}
