@@ -1,0 +1,336 @@
+//! openraft log storage of one tablet over the node's shared journal.
+//!
+//! ```text
+//! append      -> Entry frames queued on the journal; the entries stay in
+//!                memory (Pending) only until written, then are read back
+//!                from the journal by location (Stored)
+//! truncate    -> Truncate frame (index = first index removed), awaited
+//! committed   -> Commit frame, not awaited (advisory: replays the
+//!                committed tail at start-up without waiting for an election)
+//! vote, purge -> catalog (durable commit); they must outlive journal trims
+//! ```
+//!
+//! No entry is held in memory twice: once the journal has written a frame,
+//! the index keeps only its location.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::io;
+use std::ops::RangeBounds;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use openraft::entry::RaftEntry;
+use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
+use openraft::{OptionalSend, RaftLogId};
+use serde::{Deserialize, Serialize};
+
+use super::{Entry, LogId, TabletConfig, Vote, decode, encode, io_err};
+use crate::catalog::Catalog;
+use crate::error::Result;
+use crate::journal::{Frame, FrameKind, Journal, Location, RecoveredFrame};
+
+/// Version of the CBOR record carried by an Entry frame's payload.
+const LOG_RECORD_V: u16 = 1;
+
+#[derive(Serialize, Deserialize)]
+struct LogRecord {
+    v: u16,
+    entry: Entry,
+}
+
+#[derive(Clone)]
+enum Slot {
+    Pending { log_id: LogId, entry: Arc<Entry> },
+    Stored { log_id: LogId, loc: Location },
+}
+
+impl Slot {
+    fn log_id(&self) -> &LogId {
+        match self {
+            Slot::Pending { log_id, .. } | Slot::Stored { log_id, .. } => log_id,
+        }
+    }
+}
+
+#[derive(Default)]
+struct LogIndex {
+    entries: BTreeMap<u64, Slot>,
+    last_purged: Option<LogId>,
+    vote: Option<Vote>,
+    committed: Option<LogId>,
+}
+
+/// The log of one tablet replica. Cheap to clone; clones share state.
+#[derive(Clone)]
+pub struct LogStore {
+    tablet: u64,
+    journal: Journal,
+    catalog: Catalog,
+    index: Arc<Mutex<LogIndex>>,
+}
+
+/// What replaying a tablet's journal frames found.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ReplayStats {
+    /// Frames above the purge point that were read and decoded.
+    pub frames_read: u64,
+    /// Frames at or below the purge point, skipped without reading.
+    pub frames_skipped: u64,
+}
+
+const VOTE: &str = "vote";
+const PURGED: &str = "purged";
+
+impl LogStore {
+    /// Rebuilds a tablet's log from the catalog and its recovered journal
+    /// frames (in journal order).
+    pub fn recover<'a>(
+        tablet: u64,
+        journal: Journal,
+        catalog: Catalog,
+        frames: impl Iterator<Item = &'a RecoveredFrame>,
+    ) -> Result<(LogStore, ReplayStats)> {
+        let mut idx = LogIndex {
+            vote: match catalog.get_raft(tablet, VOTE)? {
+                Some(b) => Some(decode("vote", &b)?),
+                None => None,
+            },
+            last_purged: match catalog.get_raft(tablet, PURGED)? {
+                Some(b) => decode("purged log id", &b)?,
+                None => None,
+            },
+            ..Default::default()
+        };
+        let purged_index = idx.last_purged.as_ref().map(|l| l.index());
+        let mut stats = ReplayStats::default();
+        for f in frames {
+            match f.kind {
+                FrameKind::Entry => {
+                    if purged_index.is_some_and(|p| f.index <= p) {
+                        stats.frames_skipped += 1;
+                        continue;
+                    }
+                    let frame = journal.read(f.location).map_err(crate::Error::from)?;
+                    let rec: LogRecord = decode("log entry", &frame.payload)?;
+                    if rec.v != LOG_RECORD_V {
+                        return Err(crate::Error::UnknownVersion {
+                            what: format!("log record of tablet {tablet}"),
+                            found: u32::from(rec.v),
+                            supported: u32::from(LOG_RECORD_V),
+                        });
+                    }
+                    stats.frames_read += 1;
+                    // An append at index i replaces any suffix from i on.
+                    idx.entries.split_off(&f.index);
+                    idx.entries.insert(
+                        f.index,
+                        Slot::Stored {
+                            log_id: rec.entry.log_id(),
+                            loc: f.location,
+                        },
+                    );
+                }
+                FrameKind::Truncate => {
+                    idx.entries.split_off(&f.index);
+                }
+                FrameKind::Commit => {
+                    let frame = journal.read(f.location).map_err(crate::Error::from)?;
+                    let committed: Option<LogId> = decode("committed log id", &frame.payload)?;
+                    idx.committed = committed;
+                }
+            }
+        }
+        if let Some(p) = purged_index {
+            idx.entries = idx.entries.split_off(&(p + 1));
+        }
+        Ok((
+            LogStore {
+                tablet,
+                journal,
+                catalog,
+                index: Arc::new(Mutex::new(idx)),
+            },
+            stats,
+        ))
+    }
+
+    /// A new, empty log for a tablet that has none.
+    pub fn new(tablet: u64, journal: Journal, catalog: Catalog) -> LogStore {
+        LogStore {
+            tablet,
+            journal,
+            catalog,
+            index: Arc::new(Mutex::new(LogIndex::default())),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LogIndex> {
+        // A poisoned lock means a panic mid-update; the index may be torn.
+        self.index.lock().expect("log index lock poisoned")
+    }
+
+    fn read_slot(&self, slot: Slot) -> io::Result<Entry> {
+        match slot {
+            Slot::Pending { entry, .. } => Ok((*entry).clone()),
+            Slot::Stored { loc, .. } => {
+                let frame = self.journal.read(loc).map_err(io_err)?;
+                let rec: LogRecord = decode("log entry", &frame.payload).map_err(io_err)?;
+                Ok(rec.entry)
+            }
+        }
+    }
+
+    /// Index of the last purged entry, if any.
+    pub fn last_purged_index(&self) -> Option<u64> {
+        self.lock().last_purged.as_ref().map(|l| l.index())
+    }
+}
+
+impl RaftLogReader<TabletConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> io::Result<Vec<Entry>> {
+        let slots: Vec<Slot> = self.lock().entries.range(range).map(|(_, s)| s.clone()).collect();
+        slots.into_iter().map(|s| self.read_slot(s)).collect()
+    }
+
+    async fn read_vote(&mut self) -> io::Result<Option<Vote>> {
+        Ok(self.lock().vote.clone())
+    }
+}
+
+impl RaftLogStorage<TabletConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> io::Result<LogState<TabletConfig>> {
+        let idx = self.lock();
+        let last = idx
+            .entries
+            .values()
+            .next_back()
+            .map(|s| s.log_id().clone())
+            .or_else(|| idx.last_purged.clone());
+        Ok(LogState {
+            last_purged_log_id: idx.last_purged.clone(),
+            last_log_id: last,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> io::Result<()> {
+        // Durable before returning: redb commits with fsync.
+        self.catalog
+            .put_raft(self.tablet, VOTE, &encode(vote))
+            .map_err(io_err)?;
+        self.lock().vote = Some(vote.clone());
+        Ok(())
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> io::Result<()> {
+        self.lock().committed = committed.clone();
+        let index = committed.as_ref().map_or(0, |l| l.index());
+        let frame = Frame {
+            kind: FrameKind::Commit,
+            tablet: self.tablet,
+            index,
+            payload: Bytes::from(encode(&committed)),
+        };
+        // Advisory: losing it costs only a slower start-up, never safety.
+        self.journal.submit(vec![frame], Box::new(|_| {}));
+        Ok(())
+    }
+
+    async fn read_committed(&mut self) -> io::Result<Option<LogId>> {
+        Ok(self.lock().committed.clone())
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TabletConfig>) -> io::Result<()>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut frames = Vec::new();
+        let mut pending = Vec::new();
+        for entry in entries {
+            let payload = encode(&LogRecord {
+                v: LOG_RECORD_V,
+                entry: entry.clone(),
+            });
+            frames.push(Frame {
+                kind: FrameKind::Entry,
+                tablet: self.tablet,
+                index: entry.index(),
+                payload: Bytes::from(payload),
+            });
+            pending.push((entry.log_id(), Arc::new(entry)));
+        }
+        {
+            let mut idx = self.lock();
+            for (log_id, entry) in &pending {
+                idx.entries.split_off(&log_id.index());
+                idx.entries.insert(
+                    log_id.index(),
+                    Slot::Pending {
+                        log_id: log_id.clone(),
+                        entry: entry.clone(),
+                    },
+                );
+            }
+        }
+        let index = self.index.clone();
+        self.journal.submit(
+            frames,
+            Box::new(move |result| match result {
+                Ok(locations) => {
+                    if let Ok(mut idx) = index.lock() {
+                        for ((log_id, entry), loc) in pending.into_iter().zip(locations) {
+                            // Only replace the very entry we wrote: a later
+                            // truncate or overwrite must not be undone.
+                            let same = matches!(
+                                idx.entries.get(&log_id.index()),
+                                Some(Slot::Pending { entry: e, .. }) if Arc::ptr_eq(e, &entry)
+                            );
+                            if same {
+                                idx.entries.insert(log_id.index(), Slot::Stored { log_id, loc });
+                            }
+                        }
+                    }
+                    callback.io_completed(Ok(()));
+                }
+                Err(e) => callback.io_completed(Err(io_err(e))),
+            }),
+        );
+        Ok(())
+    }
+
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> io::Result<()> {
+        let first_removed = last_log_id.as_ref().map_or(0, |l| l.index() + 1);
+        self.lock().entries.split_off(&first_removed);
+        let frame = Frame {
+            kind: FrameKind::Truncate,
+            tablet: self.tablet,
+            index: first_removed,
+            payload: Bytes::new(),
+        };
+        self.journal.append(vec![frame]).await.map_err(io_err)?;
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> io::Result<()> {
+        self.catalog
+            .put_raft(self.tablet, PURGED, &encode(&Some(log_id.clone())))
+            .map_err(io_err)?;
+        {
+            let mut idx = self.lock();
+            idx.entries = idx.entries.split_off(&(log_id.index() + 1));
+            idx.last_purged = Some(log_id.clone());
+        }
+        self.journal.set_trim_point(self.tablet, log_id.index());
+        Ok(())
+    }
+}

@@ -1,0 +1,106 @@
+//! The one place Stele touches openraft. Everything openraft-specific (type
+//! configuration, log storage over the journal, the network seam, Raft
+//! configuration) lives under this module, so an openraft upgrade is one port.
+//!
+//! **Architecture invariant:** no module outside `node::raft` and
+//! `node::tablet::state_machine` names an openraft type.
+
+pub mod log_store;
+pub mod network;
+
+use std::sync::Arc;
+
+use stele_proto::command::{TabletCommand, TabletResponse};
+
+use crate::error::{Error, Result};
+
+openraft::declare_raft_types!(
+    /// Raft types of a tablet group.
+    pub TabletConfig:
+        D = TabletCommand,
+        R = TabletResponse,
+        NodeId = u64,
+        Node = openraft::impls::BasicNode,
+);
+
+pub type LogId = openraft::alias::LogIdOf<TabletConfig>;
+pub type Vote = openraft::alias::VoteOf<TabletConfig>;
+pub type Entry = openraft::alias::EntryOf<TabletConfig>;
+pub type StoredMembership = openraft::alias::StoredMembershipOf<TabletConfig>;
+pub type SnapshotMeta = openraft::alias::SnapshotMetaOf<TabletConfig>;
+pub type TabletRaft = openraft::Raft<TabletConfig, crate::tablet::state_machine::StateMachine>;
+
+/// Timing of tablet groups: long heartbeats, elections of seconds and
+/// pre-vote, so thousands of idle groups per node cost little.
+#[derive(Debug, Clone)]
+pub struct RaftTiming {
+    pub heartbeat_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+}
+
+impl Default for RaftTiming {
+    fn default() -> Self {
+        RaftTiming {
+            heartbeat_ms: 500,
+            election_timeout_min_ms: 3000,
+            election_timeout_max_ms: 6000,
+        }
+    }
+}
+
+/// The validated openraft configuration of a tablet group.
+///
+/// Snapshots are never built by openraft's policy: a tablet builds one right
+/// after it publishes a seal and then purges the log up to its checkpoint
+/// (`tablet::seal`). `max_in_snapshot_log_to_keep` is therefore irrelevant
+/// and set to keep everything, so openraft never purges past a checkpoint.
+pub fn tablet_config(timing: &RaftTiming) -> Result<Arc<openraft::Config>> {
+    let config = openraft::Config {
+        cluster_name: "stele-tablet".to_string(),
+        heartbeat_interval: timing.heartbeat_ms,
+        election_timeout_min: timing.election_timeout_min_ms,
+        election_timeout_max: timing.election_timeout_max_ms,
+        enable_pre_vote: Some(true),
+        snapshot_policy: openraft::SnapshotPolicy::Never,
+        max_in_snapshot_log_to_keep: u64::MAX,
+        ..Default::default()
+    };
+    let config = config
+        .validate()
+        .map_err(|e| Error::Config(format!("tablet raft config: {e}")))?;
+    Ok(Arc::new(config))
+}
+
+/// CBOR of an opaque openraft value stored in the catalog or journal.
+pub(crate) fn encode<T: serde::Serialize>(value: &T) -> Vec<u8> {
+    crate::catalog::to_cbor(value)
+}
+
+pub(crate) fn decode<T: for<'de> serde::Deserialize<'de>>(what: &str, bytes: &[u8]) -> Result<T> {
+    crate::catalog::from_cbor(what, bytes)
+}
+
+pub(crate) fn io_err(e: impl std::fmt::Display) -> std::io::Error {
+    std::io::Error::other(e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_timing_validates() {
+        tablet_config(&RaftTiming::default()).unwrap();
+    }
+
+    #[test]
+    fn bad_timing_is_refused() {
+        let t = RaftTiming {
+            heartbeat_ms: 5000,
+            election_timeout_min_ms: 1000,
+            election_timeout_max_ms: 500,
+        };
+        assert!(tablet_config(&t).is_err());
+    }
+}

@@ -1,0 +1,207 @@
+//! The memtable: a tablet's applied, unsealed rows, ordered as a segment
+//! orders them, so sealing is a straight walk.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
+
+use crate::segment::Row;
+
+/// Ordering key of a row: `(namespace, key, ts, index, slot)`.
+pub type RowKey = (String, Vec<u8>, u64, u64, u32);
+
+/// Position of a row inside its tablet: `(index, slot)`.
+pub type LocalPos = (u64, u32);
+
+#[derive(Debug, Default)]
+pub struct Memtable {
+    rows: BTreeMap<RowKey, Vec<u8>>,
+    /// Latest record per key, by position: `(ts, index, slot)`.
+    latest: HashMap<(String, Vec<u8>), (u64, u64, u32)>,
+    bytes: usize,
+    first_index: Option<u64>,
+    last_index: u64,
+    /// Proposal time of the oldest batch in the memtable (for age seals).
+    oldest_at_us: Option<u64>,
+}
+
+/// Fixed per-row overhead counted in [`Memtable::bytes`], so a flood of
+/// tiny rows still reaches the seal threshold.
+const ROW_OVERHEAD_BYTES: usize = 64;
+
+impl Memtable {
+    pub fn insert(&mut self, namespace: &str, key: &[u8], ts: u64, index: u64, slot: u32, value: Vec<u8>, at_us: u64) {
+        self.bytes += namespace.len() + key.len() + value.len() + ROW_OVERHEAD_BYTES;
+        self.first_index.get_or_insert(index);
+        self.last_index = self.last_index.max(index);
+        self.oldest_at_us.get_or_insert(at_us);
+        let latest = self
+            .latest
+            .entry((namespace.to_string(), key.to_vec()))
+            .or_insert((ts, index, slot));
+        if (index, slot) >= (latest.1, latest.2) {
+            *latest = (ts, index, slot);
+        }
+        self.rows
+            .insert((namespace.to_string(), key.to_vec(), ts, index, slot), value);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn first_index(&self) -> Option<u64> {
+        self.first_index
+    }
+
+    pub fn oldest_at_us(&self) -> Option<u64> {
+        self.oldest_at_us
+    }
+
+    /// The latest record of a key, by position.
+    pub fn latest(&self, namespace: &str, key: &[u8]) -> Option<Row> {
+        let (ts, index, slot) = *self.latest.get(&(namespace.to_string(), key.to_vec()))?;
+        let k = (namespace.to_string(), key.to_vec(), ts, index, slot);
+        let value = self.rows.get(&k)?;
+        Some(to_row(&k, value))
+    }
+
+    /// Rows of one key with `ts_from <= ts < ts_to`, ascending, strictly
+    /// after `after = (ts, index, slot)`, at most `limit`.
+    pub fn scan_key(
+        &self,
+        namespace: &str,
+        key: &[u8],
+        ts_from: u64,
+        ts_to: u64,
+        after: Option<(u64, u64, u32)>,
+        limit: usize,
+    ) -> Vec<Row> {
+        let lo = match after {
+            Some((ts, index, slot)) if ts >= ts_from => Bound::Excluded((
+                namespace.to_string(),
+                key.to_vec(),
+                ts,
+                index,
+                slot,
+            )),
+            _ => Bound::Included((namespace.to_string(), key.to_vec(), ts_from, 0, 0)),
+        };
+        let hi = Bound::Excluded((namespace.to_string(), key.to_vec(), ts_to, 0, 0));
+        if ts_from >= ts_to {
+            return Vec::new();
+        }
+        self.rows
+            .range((lo, hi))
+            .take(limit)
+            .map(|(k, v)| to_row(k, v))
+            .collect()
+    }
+
+    /// Rows of a namespace whose key starts with `prefix` and whose ts is in
+    /// `[ts_from, ts_to)`, in key order.
+    pub fn scan(&self, namespace: &str, prefix: &[u8], ts_from: u64, ts_to: u64) -> Vec<Row> {
+        let lo = Bound::Included((namespace.to_string(), prefix.to_vec(), 0, 0, 0));
+        self.rows
+            .range((lo, Bound::Unbounded))
+            .take_while(|(k, _)| k.0 == namespace && k.1.starts_with(prefix))
+            .filter(|(k, _)| k.2 >= ts_from && k.2 < ts_to)
+            .map(|(k, v)| to_row(k, v))
+            .collect()
+    }
+
+    /// All rows in segment order (for sealing and snapshots).
+    pub fn rows(&self) -> Vec<Row> {
+        self.rows.iter().map(|(k, v)| to_row(k, v)).collect()
+    }
+
+    /// Moves every row of `other` into `self` (a failed seal puts its rows
+    /// back this way).
+    pub fn absorb(&mut self, other: Memtable) {
+        for (k, v) in other.rows {
+            let at = other.oldest_at_us.unwrap_or(0);
+            self.insert(&k.0, &k.1, k.2, k.3, k.4, v, at);
+        }
+        if let Some(at) = other.oldest_at_us {
+            self.oldest_at_us = Some(self.oldest_at_us.map_or(at, |o| o.min(at)));
+        }
+        if let Some(first) = other.first_index {
+            self.first_index = Some(self.first_index.map_or(first, |f| f.min(first)));
+        }
+    }
+}
+
+fn to_row(k: &RowKey, value: &[u8]) -> Row {
+    Row {
+        namespace: k.0.clone(),
+        key: k.1.clone(),
+        ts: k.2,
+        index: k.3,
+        slot: k.4,
+        value: value.to_vec(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latest_is_by_position_not_timestamp() {
+        let mut m = Memtable::default();
+        m.insert("a/b", b"k", 100, 5, 0, b"new-pos-old-ts".to_vec(), 1);
+        m.insert("a/b", b"k", 200, 4, 0, b"old-pos-new-ts".to_vec(), 1);
+        assert_eq!(m.latest("a/b", b"k").unwrap().value, b"new-pos-old-ts");
+        assert!(m.latest("a/b", b"x").is_none());
+    }
+
+    #[test]
+    fn scan_key_pages_with_cursor() {
+        let mut m = Memtable::default();
+        for i in 0..10u64 {
+            m.insert("a/b", b"k", i * 10, i + 1, 0, vec![i as u8], 1);
+            m.insert("a/b", b"j", i * 10, i + 100, 0, vec![], 1);
+        }
+        let page = m.scan_key("a/b", b"k", 0, u64::MAX, None, 4);
+        assert_eq!(page.len(), 4);
+        let last = page.last().unwrap();
+        let next = m.scan_key("a/b", b"k", 0, u64::MAX, Some((last.ts, last.index, last.slot)), 100);
+        assert_eq!(next.len(), 6);
+        assert_eq!(next[0].ts, 40);
+        assert_eq!(m.scan_key("a/b", b"k", 20, 50, None, 100).len(), 3);
+        assert!(m.scan_key("a/b", b"k", 50, 50, None, 100).is_empty());
+    }
+
+    #[test]
+    fn scan_filters_namespace_prefix_and_time() {
+        let mut m = Memtable::default();
+        m.insert("a/b", b"user-1", 5, 1, 0, vec![], 1);
+        m.insert("a/b", b"user-2", 50, 1, 1, vec![], 1);
+        m.insert("a/b", b"zzz", 5, 1, 2, vec![], 1);
+        m.insert("a/c", b"user-1", 5, 1, 3, vec![], 1);
+        let rows = m.scan("a/b", b"user-", 0, 10);
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].key, b"user-1");
+        assert_eq!(m.scan("a/b", b"", 0, u64::MAX).len(), 3);
+    }
+
+    #[test]
+    fn absorb_puts_rows_back() {
+        let mut a = Memtable::default();
+        a.insert("a/b", b"k", 1, 1, 0, vec![1], 10);
+        let mut b = Memtable::default();
+        b.insert("a/b", b"k", 2, 2, 0, vec![2], 20);
+        b.absorb(a);
+        assert_eq!(b.len(), 2);
+        assert_eq!(b.first_index(), Some(1));
+        assert_eq!(b.oldest_at_us(), Some(10));
+        assert_eq!(b.latest("a/b", b"k").unwrap().value, vec![2]);
+    }
+}

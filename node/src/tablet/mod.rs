@@ -1,0 +1,284 @@
+//! A tablet replica: its applied state (memtable, frozen memtables being
+//! sealed, published segments, receipts) and the reads over it.
+//!
+//! ```text
+//!            apply (state_machine.rs)              seal worker (seal.rs)
+//! Raft log ─────────────► memtable ──Seal{}──► frozen[i] ──build+publish──► segments
+//!                             ▲                    │ (failure: rows go back)
+//!                             └────────────────────┘
+//! reads: memtable ∪ frozen ∪ segments — each row is in exactly one of them
+//! ```
+
+pub mod memtable;
+pub mod receipts;
+pub mod seal;
+pub mod state_machine;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Instant;
+
+use stele_proto::command::Pos;
+
+use self::memtable::Memtable;
+use self::receipts::Receipts;
+use crate::catalog::{Catalog, SegmentRef, TabletRecord};
+use crate::error::Result;
+use crate::raft::{LogId, StoredMembership};
+use crate::segment::{Row, SegmentReader};
+
+/// Tunables of a tablet's seal and receipt policy.
+#[derive(Debug, Clone)]
+pub struct TabletOptions {
+    /// Seal when the memtable holds this many bytes.
+    pub memtable_bytes_max: usize,
+    /// Seal when the oldest unsealed row is this old.
+    pub memtable_age_max_us: u64,
+    /// Receipts older than this (by proposal time) are forgotten.
+    pub receipt_window_us: u64,
+}
+
+impl Default for TabletOptions {
+    fn default() -> Self {
+        TabletOptions {
+            memtable_bytes_max: 32 * 1024 * 1024,
+            memtable_age_max_us: 5 * 60 * 1_000_000,
+            receipt_window_us: 10 * 60 * 1_000_000,
+        }
+    }
+}
+
+/// Rows frozen by an applied `Seal`, waiting for their segment to publish.
+#[derive(Debug)]
+pub struct Frozen {
+    /// Log index of the Seal entry; the new checkpoint once published.
+    pub seal_index: u64,
+    pub seal_log_id: LogId,
+    pub membership: StoredMembership,
+    pub memtable: Memtable,
+}
+
+/// A tablet's applied state.
+pub struct TabletData {
+    pub memtable: Memtable,
+    /// Oldest first.
+    pub frozen: Vec<Frozen>,
+    /// Published segments, oldest first, with their catalog entries.
+    pub segments: Vec<(SegmentRef, Arc<SegmentReader>)>,
+    pub receipts: Receipts,
+    pub applied: Option<LogId>,
+    pub membership: StoredMembership,
+    /// Highest log index whose rows are all in published segments.
+    pub checkpoint: u64,
+    /// Largest proposal time applied (a deterministic clock for receipts).
+    pub clock_us: u64,
+}
+
+/// Counters of a tablet, read by status and tests.
+#[derive(Debug, Default)]
+pub struct TabletStats {
+    pub records_applied: AtomicU64,
+    pub seals_published: AtomicU64,
+    pub seal_failures: AtomicU64,
+}
+
+/// Everything of one tablet replica that the state machine, the seal worker
+/// and the read path share.
+pub struct Tablet {
+    pub id: u64,
+    pub vshard_lo: u32,
+    pub vshard_hi: u64,
+    pub generation: AtomicU64,
+    pub options: TabletOptions,
+    /// Where this tablet's segment files live.
+    pub segment_dir: PathBuf,
+    pub catalog: Catalog,
+    pub stats: TabletStats,
+    pub last_apply: RwLock<Instant>,
+    data: RwLock<TabletData>,
+}
+
+impl Tablet {
+    /// Opens a tablet from its catalog record: segments are opened (and
+    /// verified by their readers), receipts loaded, the applied state is the
+    /// checkpoint's. The journal tail is replayed by openraft afterwards.
+    pub fn open(
+        record: &TabletRecord,
+        segment_dir: PathBuf,
+        catalog: Catalog,
+        options: TabletOptions,
+    ) -> Result<Arc<Tablet>> {
+        crate::fsutil::create_dir_durable(&segment_dir)
+            .map_err(|e| crate::Error::io(format!("create {}", segment_dir.display()), e))?;
+        let mut segments = Vec::new();
+        for seg in &record.segments {
+            let path = segment_dir.join(format!("{}.seg", seg.id));
+            let reader = SegmentReader::open(&path).map_err(crate::Error::from)?;
+            segments.push((seg.clone(), Arc::new(reader)));
+        }
+        seal::remove_orphans(&segment_dir, &record.segments)?;
+        let (applied, membership) = if record.applied_state.is_empty() {
+            (None, StoredMembership::default())
+        } else {
+            crate::raft::decode::<(Option<LogId>, StoredMembership)>(
+                "tablet applied state",
+                &record.applied_state,
+            )?
+        };
+        let mut receipts = Receipts::default();
+        let mut clock_us = 0;
+        for row in catalog.receipts(record.id)? {
+            let Some(key) = receipts::decode_key(&row.key) else {
+                return Err(crate::Error::Decode {
+                    what: format!("receipt key of tablet {}", record.id),
+                    reason: "too short or not UTF-8".into(),
+                });
+            };
+            let receipt: receipts::Receipt = crate::catalog::from_cbor("receipt", &row.value)?;
+            clock_us = clock_us.max(receipt.at_us);
+            receipts.insert(key, receipt);
+        }
+        Ok(Arc::new(Tablet {
+            id: record.id,
+            vshard_lo: record.vshard_lo,
+            vshard_hi: record.vshard_hi,
+            generation: AtomicU64::new(record.generation),
+            options,
+            segment_dir,
+            catalog,
+            stats: TabletStats::default(),
+            last_apply: RwLock::new(Instant::now()),
+            data: RwLock::new(TabletData {
+                memtable: Memtable::default(),
+                frozen: Vec::new(),
+                segments,
+                receipts,
+                applied,
+                membership,
+                checkpoint: record.checkpoint,
+                clock_us,
+            }),
+        }))
+    }
+
+    pub fn read(&self) -> RwLockReadGuard<'_, TabletData> {
+        self.data.read().expect("tablet lock poisoned")
+    }
+
+    pub(crate) fn write(&self) -> RwLockWriteGuard<'_, TabletData> {
+        self.data.write().expect("tablet lock poisoned")
+    }
+
+    pub fn contains(&self, vshard: u32) -> bool {
+        vshard >= self.vshard_lo && u64::from(vshard) < self.vshard_hi
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The catalog record for the current published state.
+    pub fn record(&self, data: &TabletData, applied_state: Vec<u8>) -> TabletRecord {
+        TabletRecord {
+            v: 1,
+            id: self.id,
+            vshard_lo: self.vshard_lo,
+            vshard_hi: self.vshard_hi,
+            generation: self.generation(),
+            checkpoint: data.checkpoint,
+            applied_state,
+            segments: data.segments.iter().map(|(r, _)| r.clone()).collect(),
+        }
+    }
+}
+
+impl TabletData {
+    /// Applied log index (the read watermark).
+    pub fn applied_index(&self) -> u64 {
+        self.applied.as_ref().map_or(0, |l| l.index())
+    }
+
+    /// Unsealed bytes in memory (active and frozen).
+    pub fn memtable_bytes(&self) -> usize {
+        self.memtable.bytes() + self.frozen.iter().map(|f| f.memtable.bytes()).sum::<usize>()
+    }
+
+    /// The latest record of a key, by position, across memory and segments.
+    pub fn latest(&self, namespace: &str, key: &[u8]) -> Result<Option<Row>> {
+        // Newer sources hold higher positions: memtable, then frozen (newest
+        // first), then segments (newest first).
+        if let Some(row) = self.memtable.latest(namespace, key) {
+            return Ok(Some(row));
+        }
+        for f in self.frozen.iter().rev() {
+            if let Some(row) = f.memtable.latest(namespace, key) {
+                return Ok(Some(row));
+            }
+        }
+        for (_, seg) in self.segments.iter().rev() {
+            if !seg.may_contain_key(namespace, key) {
+                continue;
+            }
+            if let Some(row) = seg.latest(namespace, key).map_err(crate::Error::from)? {
+                return Ok(Some(row));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Rows of one key in `[ts_from, ts_to)` after the cursor, ascending by
+    /// `(ts, index, slot)`, at most `limit`.
+    pub fn scan_key(
+        &self,
+        namespace: &str,
+        key: &[u8],
+        ts_from: u64,
+        ts_to: u64,
+        after: Option<(u64, u64, u32)>,
+        limit: usize,
+    ) -> Result<Vec<Row>> {
+        let mut rows = self.memtable.scan_key(namespace, key, ts_from, ts_to, after, limit);
+        for f in &self.frozen {
+            rows.extend(f.memtable.scan_key(namespace, key, ts_from, ts_to, after, limit));
+        }
+        for (_, seg) in &self.segments {
+            if !seg.may_contain_key(namespace, key) {
+                continue;
+            }
+            rows.extend(
+                seg.scan_key(namespace, key, ts_from, ts_to, after, limit)
+                    .map_err(crate::Error::from)?,
+            );
+        }
+        rows.sort_by_key(|r| (r.ts, r.index, r.slot));
+        rows.truncate(limit);
+        Ok(rows)
+    }
+
+    /// Rows of a namespace with keys starting with `prefix` and ts in
+    /// `[ts_from, ts_to)`, sorted by `(ts, key, index, slot)`.
+    pub fn scan(&self, namespace: &str, prefix: &[u8], ts_from: u64, ts_to: u64) -> Result<Vec<Row>> {
+        let mut rows = self.memtable.scan(namespace, prefix, ts_from, ts_to);
+        for f in &self.frozen {
+            rows.extend(f.memtable.scan(namespace, prefix, ts_from, ts_to));
+        }
+        for (_, seg) in &self.segments {
+            rows.extend(
+                seg.scan(namespace, prefix, ts_from, ts_to)
+                    .map_err(crate::Error::from)?,
+            );
+        }
+        rows.sort_by(|a, b| (a.ts, &a.key, a.index, a.slot).cmp(&(b.ts, &b.key, b.index, b.slot)));
+        Ok(rows)
+    }
+}
+
+/// The position of a row of tablet `tablet`.
+pub fn pos_of(tablet: u64, row: &Row) -> Pos {
+    Pos {
+        tablet,
+        index: row.index,
+        slot: row.slot,
+    }
+}

@@ -1,0 +1,336 @@
+//! openraft state machine of a tablet: applies batches to the memtable,
+//! checks conditions and receipts, freezes the memtable on `Seal`.
+//!
+//! Apply is deterministic: it reads only the log entry and the tablet's
+//! applied state, never the wall clock, so every replica reaches the same
+//! rows, positions, receipts and seal boundaries.
+
+use std::io::{self, Cursor};
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::{Stream, TryStreamExt};
+use openraft::entry::RaftEntry;
+use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine};
+use openraft::{EntryPayload, OptionalSend};
+use serde::{Deserialize, Serialize};
+use stele_proto::command::{AppendBatch, Pos, TabletCommand, TabletResponse};
+use tokio::sync::mpsc;
+
+use super::memtable::Memtable;
+use super::receipts::{self, Receipt, ReceiptPart};
+use super::{Frozen, Tablet, TabletData};
+use crate::catalog::SegmentRef;
+use crate::raft::{LogId, SnapshotMeta, StoredMembership, TabletConfig, decode, encode, io_err};
+use crate::segment::Row;
+
+pub type SnapshotData = Cursor<Vec<u8>>;
+type Snapshot = openraft::alias::SnapshotOf<TabletConfig, SnapshotData>;
+
+/// A published seal for the seal worker to build: (tablet, seal index).
+pub type SealQueue = mpsc::UnboundedSender<(Arc<Tablet>, u64)>;
+
+/// Snapshot payload: the segments by name, the receipts, and the unsealed
+/// rows. Segment files are not inside: an installing replica must have (or
+/// fetch) them by id.
+#[derive(Serialize, Deserialize)]
+struct TabletSnapshot {
+    v: u16,
+    checkpoint: u64,
+    segments: Vec<SegmentRef>,
+    receipts: Vec<(Vec<u8>, Receipt)>,
+    rows: Vec<Row>,
+}
+
+const SNAPSHOT_V: u16 = 1;
+
+/// The last snapshot built or installed, shared with the builder.
+type Current = Arc<std::sync::Mutex<Option<(SnapshotMeta, Vec<u8>)>>>;
+
+pub struct StateMachine {
+    tablet: Arc<Tablet>,
+    seals: SealQueue,
+    current: Current,
+}
+
+impl StateMachine {
+    pub fn new(tablet: Arc<Tablet>, seals: SealQueue) -> StateMachine {
+        StateMachine {
+            tablet,
+            seals,
+            current: Current::default(),
+        }
+    }
+}
+
+/// Applies one batch. Atomic: either every record is applied or none.
+pub(crate) fn apply_batch(tablet: &Tablet, data: &mut TabletData, index: u64, batch: &AppendBatch) -> TabletResponse {
+    data.clock_us = data.clock_us.max(batch.proposed_at_us);
+    let key = (batch.namespace.clone(), batch.batch_id);
+    // Receipts first: a retry of an applied batch returns its positions.
+    if let Some(receipt) = data.receipts.get(&key) {
+        let covered: Vec<Option<Pos>> = batch
+            .records
+            .iter()
+            .enumerate()
+            .map(|(n, r)| receipt.covers(n as u32, r.vshard))
+            .collect();
+        if covered.iter().all(Option::is_some) {
+            return TabletResponse::Appended {
+                positions: covered.into_iter().flatten().collect(),
+                duplicate: true,
+            };
+        }
+        // Partly covered batches arise only across splits and merges, which
+        // route uncovered records elsewhere; refuse rather than double-apply.
+        return TabletResponse::Rejected {
+            reason: "batch partly applied under another tablet range".into(),
+        };
+    }
+    if let Some(r) = batch.records.iter().find(|r| !tablet.contains(r.vshard)) {
+        return TabletResponse::Rejected {
+            reason: format!(
+                "vshard {} outside tablet {} range [{}, {})",
+                r.vshard, tablet.id, tablet.vshard_lo, tablet.vshard_hi
+            ),
+        };
+    }
+    if let Some(expect) = &batch.expect {
+        let actual = match data.latest(&batch.namespace, &expect.key) {
+            Ok(row) => row.map(|r| super::pos_of(tablet.id, &r)),
+            Err(e) => {
+                // A segment that cannot be read makes the condition
+                // undecidable; refusing is deterministic only if every
+                // replica fails alike, so this is logged loudly.
+                tracing::error!(tablet = tablet.id, error = %e, "condition check could not read a segment");
+                return TabletResponse::Rejected {
+                    reason: format!("condition check failed to read: {e}"),
+                };
+            }
+        };
+        if actual != expect.version {
+            return TabletResponse::ConditionFailed { actual };
+        }
+    }
+    let mut positions = Vec::with_capacity(batch.records.len());
+    for (slot, r) in batch.records.iter().enumerate() {
+        let slot = slot as u32;
+        data.memtable.insert(
+            &batch.namespace,
+            &r.key,
+            r.ts,
+            index,
+            slot,
+            r.value.clone(),
+            batch.proposed_at_us,
+        );
+        positions.push(Pos {
+            tablet: tablet.id,
+            index,
+            slot,
+        });
+    }
+    data.receipts.insert(
+        key,
+        Receipt {
+            v: 1,
+            parts: vec![ReceiptPart {
+                vshard_lo: tablet.vshard_lo,
+                vshard_hi: tablet.vshard_hi,
+                positions: positions.iter().enumerate().map(|(n, p)| (n as u32, *p)).collect(),
+            }],
+            at_us: batch.proposed_at_us,
+            index,
+        },
+    );
+    tablet
+        .stats
+        .records_applied
+        .fetch_add(positions.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    TabletResponse::Appended {
+        positions,
+        duplicate: false,
+    }
+}
+
+impl RaftStateMachine<TabletConfig> for StateMachine {
+    type SnapshotData = SnapshotData;
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(&mut self) -> io::Result<(Option<LogId>, StoredMembership)> {
+        let data = self.tablet.read();
+        Ok((data.applied.clone(), data.membership.clone()))
+    }
+
+    async fn apply<Strm>(&mut self, mut entries: Strm) -> io::Result<()>
+    where
+        Strm: Stream<Item = io::Result<EntryResponder<TabletConfig>>> + Unpin + OptionalSend,
+    {
+        while let Some((entry, responder)) = entries.try_next().await? {
+            let log_id = entry.log_id();
+            let index = log_id.index();
+            let mut seal = None;
+            let response = {
+                let mut data = self.tablet.write();
+                let response = match &entry.payload {
+                    EntryPayload::Blank => TabletResponse::None,
+                    EntryPayload::Normal(TabletCommand::Append(batch)) => {
+                        apply_batch(&self.tablet, &mut data, index, batch)
+                    }
+                    EntryPayload::Normal(TabletCommand::Seal { .. }) => {
+                        let memtable = std::mem::take(&mut data.memtable);
+                        let membership = data.membership.clone();
+                        data.frozen.push(Frozen {
+                            seal_index: index,
+                            seal_log_id: log_id.clone(),
+                            membership,
+                            memtable,
+                        });
+                        seal = Some(index);
+                        TabletResponse::Sealed
+                    }
+                    EntryPayload::Membership(m) => {
+                        data.membership = StoredMembership::new(Some(log_id.clone()), m.clone());
+                        TabletResponse::None
+                    }
+                };
+                data.applied = Some(log_id);
+                response
+            };
+            *self.tablet.last_apply.write().expect("lock poisoned") = Instant::now();
+            if let Some(index) = seal {
+                // The worker owns the rest; if it is gone the node is
+                // shutting down and the seal replays after restart.
+                let _ = self.seals.send((self.tablet.clone(), index));
+            }
+            if let Some(responder) = responder {
+                responder.send(response);
+            }
+        }
+        Ok(())
+    }
+
+    async fn try_create_snapshot_builder(&mut self, _force: bool) -> Option<SnapshotBuilder> {
+        Some(self.get_snapshot_builder().await)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
+        SnapshotBuilder {
+            tablet: self.tablet.clone(),
+            current: self.current.clone(),
+        }
+    }
+
+    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: SnapshotData) -> io::Result<()> {
+        let bytes = snapshot.into_inner();
+        let snap: TabletSnapshot = decode("tablet snapshot", &bytes).map_err(io_err)?;
+        if snap.v != SNAPSHOT_V {
+            return Err(io_err(format!("tablet snapshot version {} unknown", snap.v)));
+        }
+        let tablet = &self.tablet;
+        let mut segments = Vec::new();
+        for seg in &snap.segments {
+            let path = tablet.segment_dir.join(format!("{}.seg", seg.id));
+            let reader = crate::segment::SegmentReader::open(&path).map_err(io_err)?;
+            segments.push((seg.clone(), Arc::new(reader)));
+        }
+        let mut receipts_mem = super::receipts::Receipts::default();
+        let mut clock_us = 0;
+        let mut receipt_rows = Vec::new();
+        for (k, r) in snap.receipts {
+            let key = receipts::decode_key(&k).ok_or_else(|| io_err("bad receipt key in snapshot"))?;
+            clock_us = clock_us.max(r.at_us);
+            receipt_rows.push(crate::catalog::ReceiptRow {
+                key: k,
+                value: encode(&r),
+            });
+            receipts_mem.insert(key, r);
+        }
+        let mut memtable = Memtable::default();
+        for row in snap.rows {
+            memtable.insert(&row.namespace, &row.key, row.ts, row.index, row.slot, row.value, clock_us);
+        }
+        let applied = meta.last_log_id.clone();
+        let membership = meta.last_membership.clone();
+        let mut data = tablet.write();
+        let old_receipts: Vec<Vec<u8>> = data.receipts.iter().map(|(k, _)| receipts::encode_key(k)).collect();
+        *data = TabletData {
+            memtable: Memtable::default(),
+            frozen: Vec::new(),
+            segments,
+            receipts: receipts_mem,
+            applied: applied.clone(),
+            membership: membership.clone(),
+            checkpoint: snap.checkpoint,
+            clock_us,
+        };
+        // The unsealed rows of the snapshot exist nowhere durable on this
+        // replica once openraft purges the log up to the snapshot: seal them
+        // here, at the snapshot's index, before reporting success.
+        let seal_index = applied.as_ref().map_or(0, |l| l.index());
+        if !memtable.is_empty() || seal_index > data.checkpoint {
+            data.frozen.push(Frozen {
+                seal_index,
+                seal_log_id: applied.clone().unwrap_or_default(),
+                membership,
+                memtable,
+            });
+            super::seal::publish_front(tablet, &mut data, &old_receipts).map_err(io_err)?;
+        } else {
+            let record = tablet.record(&data, encode(&(applied, data.membership.clone())));
+            tablet
+                .catalog
+                .publish(&record, &receipt_rows, &old_receipts)
+                .map_err(io_err)?;
+        }
+        *self.current.lock().expect("lock poisoned") = Some((meta.clone(), bytes));
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> io::Result<Option<Snapshot>> {
+        let current = self.current.lock().expect("lock poisoned");
+        Ok(current.as_ref().map(|(meta, bytes)| Snapshot {
+            meta: meta.clone(),
+            snapshot: Cursor::new(bytes.clone()),
+        }))
+    }
+}
+
+pub struct SnapshotBuilder {
+    tablet: Arc<Tablet>,
+    current: Current,
+}
+
+impl RaftSnapshotBuilder<TabletConfig> for SnapshotBuilder {
+    type SnapshotData = SnapshotData;
+
+    async fn build_snapshot(&mut self) -> io::Result<Snapshot> {
+        let data = self.tablet.read();
+        let mut rows = Vec::new();
+        for f in &data.frozen {
+            rows.extend(f.memtable.rows());
+        }
+        rows.extend(data.memtable.rows());
+        let mut receipts: Vec<(Vec<u8>, Receipt)> =
+            data.receipts.iter().map(|(k, r)| (receipts::encode_key(k), r.clone())).collect();
+        receipts.sort_by(|a, b| a.0.cmp(&b.0));
+        let snap = TabletSnapshot {
+            v: SNAPSHOT_V,
+            checkpoint: data.checkpoint,
+            segments: data.segments.iter().map(|(r, _)| r.clone()).collect(),
+            receipts,
+            rows,
+        };
+        let meta = SnapshotMeta {
+            last_log_id: data.applied.clone(),
+            last_membership: data.membership.clone(),
+        };
+        drop(data);
+        let bytes = encode(&snap);
+        *self.current.lock().expect("lock poisoned") = Some((meta.clone(), bytes.clone()));
+        Ok(Snapshot {
+            meta,
+            snapshot: Cursor::new(bytes),
+        })
+    }
+}
