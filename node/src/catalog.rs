@@ -55,6 +55,8 @@ pub struct TabletRecord {
     #[serde(with = "serde_bytes")]
     pub applied_state: Vec<u8>,
     pub segments: Vec<SegmentRef>,
+    /// This replica's Raft member id: unique in the cell, never reused.
+    pub replica_id: u64,
 }
 
 /// A receipt row, keyed by (tablet, receipt key).
@@ -250,6 +252,7 @@ mod tests {
             checkpoint: 0,
             applied_state: vec![],
             segments: vec![],
+            replica_id: id,
         }
     }
 

@@ -1,7 +1,16 @@
 //! Stele storage node: journal, segments, catalog, tablets and their Raft glue.
+//!
+//! See docs/ARCHITECTURE.md for the picture.
 
 pub mod catalog;
 pub mod error;
 pub mod fsutil;
+pub mod journal;
+pub mod node;
+pub mod raft;
+pub mod segment;
+pub mod service;
+pub mod tablet;
 
 pub use error::{Error, Result};
+pub use node::{Node, NodeOptions};

@@ -87,6 +87,7 @@ pub struct TabletStats {
 /// and the read path share.
 pub struct Tablet {
     pub id: u64,
+    pub replica_id: u64,
     pub vshard_lo: u32,
     pub vshard_hi: u64,
     pub generation: AtomicU64,
@@ -141,6 +142,7 @@ impl Tablet {
         }
         Ok(Arc::new(Tablet {
             id: record.id,
+            replica_id: record.replica_id,
             vshard_lo: record.vshard_lo,
             vshard_hi: record.vshard_hi,
             generation: AtomicU64::new(record.generation),
@@ -189,6 +191,7 @@ impl Tablet {
             checkpoint: data.checkpoint,
             applied_state,
             segments: data.segments.iter().map(|(r, _)| r.clone()).collect(),
+            replica_id: self.replica_id,
         }
     }
 }

@@ -1,0 +1,441 @@
+//! A storage node: one journal, one catalog, many tablet replicas, each an
+//! openraft group, plus the seal worker and the seal policy.
+//!
+//! ```text
+//! <data>/FORMAT                node data-dir format (durable_write)
+//! <data>/catalog.redb          catalog
+//! <data>/journal/<seq>.wal     the node's one journal
+//! <data>/segments/<tablet>/    segment files of each tablet
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use openraft::RaftLogId;
+use openraft::impls::BasicNode;
+use serde::{Deserialize, Serialize};
+use stele_proto::command::{SealReason, TabletCommand};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::catalog::{Catalog, TabletRecord};
+use crate::error::{Error, Result};
+use crate::journal::{self, Journal, RecoveredFrame};
+use crate::raft::log_store::LogStore;
+use crate::raft::network::NoPeers;
+use crate::raft::{RaftTiming, TabletRaft, tablet_config};
+use crate::tablet::state_machine::StateMachine;
+use crate::tablet::{Tablet, TabletOptions, seal};
+
+/// Data directory format. Startup refuses any other.
+pub const DATA_DIR_FORMAT: u32 = 1;
+
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    pub data_dir: PathBuf,
+    pub node_id: u64,
+    /// Tablets to create when the data directory is new.
+    pub initial_tablets: u32,
+    /// This node's client endpoint, advertised in routes.
+    pub advertise: String,
+    pub journal: journal::Options,
+    pub tablet: TabletOptions,
+    pub raft: RaftTiming,
+    /// Seal the largest memtables when all of them together pass this.
+    pub memtable_budget_bytes: usize,
+    /// Force-seal the tablets holding back journal trim past this size.
+    pub journal_retained_bytes_max: u64,
+    /// Refuse appends with `StorageFull` when free space falls below this.
+    pub disk_reserve_bytes: u64,
+    /// How often the seal policy runs.
+    pub policy_interval: Duration,
+    pub value_bytes_max: usize,
+    pub batch_bytes_max: usize,
+    pub batch_records_max: usize,
+}
+
+impl NodeOptions {
+    pub fn new(data_dir: PathBuf) -> NodeOptions {
+        NodeOptions {
+            journal: journal::Options::new(data_dir.join("journal")),
+            data_dir,
+            node_id: 1,
+            initial_tablets: 16,
+            advertise: String::new(),
+            tablet: TabletOptions::default(),
+            raft: RaftTiming::default(),
+            memtable_budget_bytes: 1 << 30,
+            journal_retained_bytes_max: 4 << 30,
+            disk_reserve_bytes: 256 << 20,
+            policy_interval: Duration::from_millis(250),
+            value_bytes_max: stele_proto::limits::VALUE_BYTES_MAX_DEFAULT,
+            batch_bytes_max: stele_proto::limits::BATCH_BYTES_MAX_DEFAULT,
+            batch_records_max: stele_proto::limits::BATCH_RECORDS_MAX_DEFAULT,
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if self.initial_tablets == 0 || self.initial_tablets > 65_536 {
+            return Err(Error::Config("initial_tablets must be 1..=65536".into()));
+        }
+        if self.disk_reserve_bytes < self.journal.reserve_bytes {
+            return Err(Error::Config(
+                "disk_reserve_bytes must be at least the journal's reserve, so the node refuses appends before the journal must".into(),
+            ));
+        }
+        self.journal.validate().map_err(Error::from)?;
+        crate::raft::tablet_config(&self.raft)?;
+        Ok(())
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct DataDirFormat {
+    magic: String,
+    format: u32,
+    node_id: u64,
+}
+
+/// A hosted tablet replica.
+pub struct Replica {
+    pub tablet: Arc<Tablet>,
+    pub raft: TabletRaft,
+    pub replica_id: u64,
+    pub log: LogStore,
+}
+
+impl Replica {
+    pub fn is_leader(&self) -> bool {
+        self.raft.metrics().borrow().current_leader == Some(self.replica_id)
+    }
+}
+
+/// Node-wide counters.
+#[derive(Debug, Default)]
+pub struct NodeStats {
+    /// Journal frames read back at start-up (the unsealed tail).
+    pub replayed_frames: AtomicU64,
+    /// Journal frames skipped at start-up (below a purge point).
+    pub skipped_frames: AtomicU64,
+}
+
+pub struct Node {
+    pub options: NodeOptions,
+    pub journal: Journal,
+    pub catalog: Catalog,
+    /// Tablets by id.
+    pub replicas: BTreeMap<u64, Arc<Replica>>,
+    pub stats: NodeStats,
+    cancel: CancellationToken,
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+fn check_data_dir(opts: &NodeOptions) -> Result<()> {
+    let dir = &opts.data_dir;
+    crate::fsutil::create_dir_durable(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+    let path = dir.join("FORMAT");
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            let f: DataDirFormat = crate::catalog::from_cbor("data dir FORMAT", &bytes)?;
+            if f.magic != "stele" || f.format != DATA_DIR_FORMAT {
+                return Err(Error::UnknownVersion {
+                    what: format!("data directory {}", dir.display()),
+                    found: f.format,
+                    supported: DATA_DIR_FORMAT,
+                });
+            }
+            if f.node_id != opts.node_id {
+                return Err(Error::Config(format!(
+                    "data directory {} belongs to node {}, not {}",
+                    dir.display(),
+                    f.node_id,
+                    opts.node_id
+                )));
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let f = DataDirFormat {
+                magic: "stele".into(),
+                format: DATA_DIR_FORMAT,
+                node_id: opts.node_id,
+            };
+            crate::fsutil::durable_write(&path, &crate::catalog::to_cbor(&f))
+                .map_err(|e| Error::io(format!("write {}", path.display()), e))
+        }
+        Err(e) => Err(Error::io(format!("read {}", path.display()), e)),
+    }
+}
+
+impl Node {
+    /// Opens (or creates) the node's data directory, recovers the journal,
+    /// and starts every tablet's Raft group, the seal worker and the policy.
+    pub async fn open(options: NodeOptions) -> Result<Arc<Node>> {
+        options.validate()?;
+        check_data_dir(&options)?;
+        let catalog = Catalog::open(&options.data_dir.join("catalog.redb"))?;
+        let (journal, recovery) = Journal::open(options.journal.clone())?;
+        if let Some((file, offset)) = &recovery.truncated {
+            tracing::warn!(file = %file.display(), offset, "journal: torn final frame truncated");
+        }
+        let mut records = catalog.tablets()?;
+        if records.is_empty() {
+            records = bootstrap(&catalog, options.initial_tablets)?;
+        }
+        let mut by_tablet: HashMap<u64, Vec<&RecoveredFrame>> = HashMap::new();
+        for f in &recovery.frames {
+            by_tablet.entry(f.tablet).or_default().push(f);
+        }
+        let config = tablet_config(&options.raft)?;
+        let (seal_tx, seal_rx) = mpsc::unbounded_channel();
+        let stats = NodeStats::default();
+        let mut replicas = BTreeMap::new();
+        for record in &records {
+            let dir = options.data_dir.join("segments").join(record.id.to_string());
+            let tablet = Tablet::open(record, dir, catalog.clone(), options.tablet.clone())?;
+            let frames = by_tablet.remove(&record.id).unwrap_or_default();
+            let (log, replay) = LogStore::recover(record.id, journal.clone(), catalog.clone(), frames.into_iter())?;
+            stats.replayed_frames.fetch_add(replay.frames_read, Ordering::Relaxed);
+            stats.skipped_frames.fetch_add(replay.frames_skipped, Ordering::Relaxed);
+            let replica_id = record.replica_id;
+            let sm = StateMachine::new(tablet.clone(), seal_tx.clone());
+            let raft = TabletRaft::new(replica_id, config.clone(), NoPeers, log.clone(), sm)
+                .await
+                .map_err(|e| Error::Config(format!("tablet {} raft: {e}", record.id)))?;
+            let fresh = log.last_purged_index().is_none()
+                && raft.metrics().borrow().last_log_index.is_none();
+            if fresh {
+                let mut members = BTreeMap::new();
+                members.insert(replica_id, BasicNode::new(options.advertise.clone()));
+                raft.initialize(members)
+                    .await
+                    .map_err(|e| Error::Config(format!("initialize tablet {}: {e}", record.id)))?;
+            }
+            replicas.insert(
+                record.id,
+                Arc::new(Replica {
+                    tablet,
+                    raft,
+                    replica_id,
+                    log,
+                }),
+            );
+        }
+        // Frames of tablets this node no longer hosts hold nothing back.
+        for tablet in by_tablet.keys() {
+            journal.forget_tablet(*tablet);
+        }
+        let node = Arc::new(Node {
+            options,
+            journal,
+            catalog,
+            replicas,
+            stats,
+            cancel: CancellationToken::new(),
+        });
+        tokio::spawn(seal_worker(node.clone(), seal_rx));
+        tokio::spawn(policy_loop(node.clone()));
+        Ok(node)
+    }
+
+    pub fn replica(&self, tablet: u64) -> Option<&Arc<Replica>> {
+        self.replicas.get(&tablet)
+    }
+
+    /// The replica whose range holds `vshard`.
+    pub fn replica_for(&self, vshard: u32) -> Option<&Arc<Replica>> {
+        self.replicas.values().find(|r| r.tablet.contains(vshard))
+    }
+
+    /// Free bytes on the data directory's filesystem.
+    pub fn free_bytes(&self) -> u64 {
+        crate::fsutil::free_bytes(&self.options.data_dir).unwrap_or(u64::MAX)
+    }
+
+    /// Waits until every tablet has a leader and has applied its log.
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<()> {
+        for r in self.replicas.values() {
+            r.raft
+                .wait(Some(timeout))
+                .metrics(|m| m.current_leader.is_some() && m.last_applied >= m.committed, "leader")
+                .await
+                .map_err(|e| Error::Config(format!("tablet {} not ready: {e}", r.tablet.id)))?;
+        }
+        Ok(())
+    }
+
+    /// Proposes a seal of one tablet (operator or policy).
+    pub async fn seal(&self, tablet: u64, reason: SealReason) -> Result<()> {
+        let r = self
+            .replica(tablet)
+            .ok_or(stele_proto::Error::TabletNotFound { tablet })?;
+        r.raft
+            .client_write(TabletCommand::Seal { reason })
+            .await
+            .map_err(|e| stele_proto::Error::Unavailable {
+                reason: e.to_string(),
+            })?;
+        Ok(())
+    }
+
+    /// Stops background work and every Raft group, and flushes the journal.
+    pub async fn shutdown(&self) {
+        self.cancel.cancel();
+        for r in self.replicas.values() {
+            let _ = r.raft.shutdown().await;
+        }
+        self.journal.shutdown();
+    }
+}
+
+/// Creates the tablets of a new single-node cell: `n` even vshard ranges.
+fn bootstrap(catalog: &Catalog, n: u32) -> Result<Vec<TabletRecord>> {
+    let mut out = Vec::new();
+    for (i, (lo, hi)) in stele_proto::vshard::even_ranges(n).into_iter().enumerate() {
+        let id = i as u64 + 1;
+        let record = TabletRecord {
+            v: 1,
+            id,
+            vshard_lo: lo,
+            vshard_hi: hi,
+            generation: 1,
+            checkpoint: 0,
+            applied_state: Vec::new(),
+            segments: Vec::new(),
+            replica_id: id,
+        };
+        catalog.put_tablet(&record)?;
+        out.push(record);
+    }
+    Ok(out)
+}
+
+/// Builds and publishes sealed memtables, one at a time in seal order, then
+/// lets openraft snapshot and purge the log up to the new checkpoint.
+async fn seal_worker(node: Arc<Node>, mut rx: mpsc::UnboundedReceiver<(Arc<Tablet>, u64)>) {
+    loop {
+        let job = tokio::select! {
+            _ = node.cancel.cancelled() => return,
+            job = rx.recv() => job,
+        };
+        let Some((tablet, seal_index)) = job else { return };
+        let t = tablet.clone();
+        let result = tokio::task::spawn_blocking(move || seal::run_seal(&t, seal_index)).await;
+        match result {
+            Ok(Ok(Some(checkpoint))) => {
+                if let Some(r) = node.replica(tablet.id).cloned() {
+                    tokio::spawn(purge_after_snapshot(r, checkpoint));
+                }
+            }
+            Ok(Ok(None)) => {}
+            Ok(Err(e)) => {
+                tracing::error!(tablet = tablet.id, seal_index, error = %e, "seal failed; rows kept in memory and journal")
+            }
+            Err(e) => tracing::error!(tablet = tablet.id, error = %e, "seal task panicked"),
+        }
+    }
+}
+
+async fn purge_after_snapshot(r: Arc<Replica>, checkpoint: u64) {
+    if r.raft.trigger().snapshot().await.is_err() {
+        return;
+    }
+    let waited = r
+        .raft
+        .wait(Some(Duration::from_secs(30)))
+        .metrics(
+            |m| m.snapshot.as_ref().map(|l| l.index()) >= Some(checkpoint),
+            "snapshot covers checkpoint",
+        )
+        .await;
+    if waited.is_ok() {
+        let _ = r.raft.trigger().purge_log(checkpoint).await;
+    }
+}
+
+/// Decides which tablets to seal (size, age, node budget, journal trim) and
+/// trims the journal.
+async fn policy_loop(node: Arc<Node>) {
+    let mut tick = tokio::time::interval(node.options.policy_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = node.cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let mut to_seal: Vec<(u64, SealReason)> = Vec::new();
+        let now = now_us();
+        let mut sizes = Vec::new();
+        let mut total = 0usize;
+        for r in node.replicas.values() {
+            if !r.is_leader() {
+                continue;
+            }
+            let data = r.tablet.read();
+            // One seal in flight per tablet: a frozen memtable is pending.
+            if !data.frozen.is_empty() {
+                continue;
+            }
+            let bytes = data.memtable.bytes();
+            total += bytes;
+            let opts = &r.tablet.options;
+            if bytes >= opts.memtable_bytes_max {
+                to_seal.push((r.tablet.id, SealReason::Size));
+            } else if data
+                .memtable
+                .oldest_at_us()
+                .is_some_and(|t| now.saturating_sub(t) >= opts.memtable_age_max_us)
+            {
+                to_seal.push((r.tablet.id, SealReason::Age));
+            } else if bytes > 0 {
+                sizes.push((bytes, r.tablet.id));
+            }
+        }
+        if total > node.options.memtable_budget_bytes {
+            sizes.sort_unstable_by(|a, b| b.cmp(a));
+            let mut over = total - node.options.memtable_budget_bytes;
+            for (bytes, id) in sizes {
+                if over == 0 {
+                    break;
+                }
+                to_seal.push((id, SealReason::NodeBudget));
+                over = over.saturating_sub(bytes);
+            }
+        }
+        for id in node.journal.laggards(node.options.journal_retained_bytes_max) {
+            if let Some(r) = node.replica(id) {
+                if r.is_leader() && r.tablet.read().frozen.is_empty() && !to_seal.iter().any(|(t, _)| *t == id) {
+                    to_seal.push((id, SealReason::JournalTrim));
+                }
+            }
+        }
+        for (id, reason) in to_seal {
+            if let Err(e) = node.seal(id, reason).await {
+                tracing::warn!(tablet = id, ?reason, error = %e, "seal proposal failed");
+            }
+        }
+        match node.journal.trim() {
+            Ok(deleted) if !deleted.is_empty() => {
+                tracing::debug!(files = deleted.len(), "journal trimmed")
+            }
+            Ok(_) => {}
+            Err(e) => tracing::error!(error = %e, "journal trim failed"),
+        }
+    }
+}
+
+/// Reads the data directory's node id without opening the node.
+pub fn data_dir_node_id(dir: &Path) -> Option<u64> {
+    let bytes = std::fs::read(dir.join("FORMAT")).ok()?;
+    let f: DataDirFormat = crate::catalog::from_cbor("data dir FORMAT", &bytes).ok()?;
+    Some(f.node_id)
+}

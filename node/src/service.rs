@@ -1,0 +1,524 @@
+//! The gRPC data service: validation at the door, then the tablet's Raft
+//! group for writes and its applied state for reads.
+//!
+//! Every refusal is a typed `stele_proto::Error` in the status details; a
+//! request that fails validation writes nothing.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use openraft::ReadPolicy;
+use serde::{Deserialize, Serialize};
+use stele_proto::command::{AppendBatch, Expect, Pos, RecordIn, TabletCommand, TabletResponse, batch_id_halves};
+use stele_proto::limits;
+use stele_proto::pb::{self, data_server::Data};
+use stele_proto::{Error as ApiError, vshard};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use crate::node::{Node, Replica};
+use crate::segment::Row;
+
+/// Rows returned by one read when the request names no limit.
+pub const READ_LIMIT_DEFAULT: usize = 1000;
+/// Most rows one read returns, whatever the request asks.
+pub const READ_LIMIT_MAX: usize = 10_000;
+
+#[derive(Clone)]
+pub struct DataService {
+    node: Arc<Node>,
+}
+
+impl DataService {
+    pub fn new(node: Arc<Node>) -> DataService {
+        DataService { node }
+    }
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+fn invalid(field: &str, reason: impl Into<String>) -> ApiError {
+    ApiError::InvalidArgument {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+pub fn descriptor(node: &Node, r: &Replica) -> pb::TabletDescriptor {
+    let metrics = r.raft.metrics().borrow().clone();
+    let data = r.tablet.read();
+    let leader = metrics.current_leader;
+    pb::TabletDescriptor {
+        id: r.tablet.id,
+        vshard_lo: r.tablet.vshard_lo,
+        vshard_hi: r.tablet.vshard_hi,
+        generation: r.tablet.generation(),
+        leader_node: if leader == Some(r.replica_id) { node.options.node_id } else { 0 },
+        leader_endpoint: if leader == Some(r.replica_id) {
+            node.options.advertise.clone()
+        } else {
+            String::new()
+        },
+        applied_index: data.applied_index(),
+        checkpoint_index: data.checkpoint,
+        memtable_bytes: data.memtable_bytes() as u64,
+        segments: data.segments.len() as u32,
+    }
+}
+
+fn limit_of(limit: u32) -> usize {
+    match limit as usize {
+        0 => READ_LIMIT_DEFAULT,
+        n => n.min(READ_LIMIT_MAX),
+    }
+}
+
+fn ts_to_of(ts_to: u64) -> u64 {
+    if ts_to == 0 { u64::MAX } else { ts_to }
+}
+
+fn row_to_pb(tablet: u64, row: Row) -> pb::Row {
+    pb::Row {
+        key: row.key,
+        ts: row.ts,
+        value: row.value,
+        position: Some(pb::Position {
+            tablet,
+            index: row.index,
+            slot: row.slot,
+        }),
+    }
+}
+
+/// Cursor of a namespace scan: the last row returned.
+#[derive(Serialize, Deserialize)]
+struct ScanCursor {
+    ts: u64,
+    #[serde(with = "serde_bytes")]
+    key: Vec<u8>,
+    tablet: u64,
+    index: u64,
+    slot: u32,
+}
+
+/// Cursor of a key scan: the last row returned.
+#[derive(Serialize, Deserialize)]
+struct KeyCursor {
+    ts: u64,
+    index: u64,
+    slot: u32,
+}
+
+fn decode_cursor<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<Option<T>, ApiError> {
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    ciborium::from_reader(bytes)
+        .map(Some)
+        .map_err(|_| invalid("cursor", "not a cursor this server issued"))
+}
+
+fn encode_cursor<T: Serialize>(c: &T) -> Vec<u8> {
+    crate::catalog::to_cbor(c)
+}
+
+impl DataService {
+    fn replica(&self, tablet: u64) -> Result<Arc<Replica>, ApiError> {
+        self.node
+            .replica(tablet)
+            .cloned()
+            .ok_or(ApiError::TabletNotFound { tablet })
+    }
+
+    fn not_leader(&self, r: &Replica) -> ApiError {
+        let leader = r.raft.metrics().borrow().current_leader;
+        ApiError::NotLeader {
+            leader_node: leader.map(|_| self.node.options.node_id),
+            leader_endpoint: String::new(),
+        }
+    }
+
+    /// Validates an append and turns it into a tablet command.
+    fn admit(&self, req: pb::AppendRequest) -> Result<(Arc<Replica>, AppendBatch), ApiError> {
+        let r = self.replica(req.tablet)?;
+        if req.generation != r.tablet.generation() {
+            return Err(ApiError::StaleRoute {
+                descriptor: descriptor(&self.node, &r),
+            });
+        }
+        limits::validate_namespace(&req.namespace)?;
+        let batch_id = limits::parse_batch_id(&req.batch_id)?;
+        let opts = &self.node.options;
+        if req.records.is_empty() {
+            return Err(invalid("records", "a batch needs at least one record"));
+        }
+        if req.records.len() > opts.batch_records_max {
+            return Err(ApiError::TooLarge {
+                what: "batch record count".into(),
+                size: req.records.len() as u64,
+                limit: opts.batch_records_max as u64,
+            });
+        }
+        let mut total = 0usize;
+        let mut records = Vec::with_capacity(req.records.len());
+        for rec in req.records {
+            limits::validate_key("key", &rec.key)?;
+            if let Some(rk) = &rec.routing_key {
+                limits::validate_key("routing_key", rk)?;
+            }
+            if rec.value.len() > opts.value_bytes_max {
+                return Err(ApiError::TooLarge {
+                    what: "value".into(),
+                    size: rec.value.len() as u64,
+                    limit: opts.value_bytes_max as u64,
+                });
+            }
+            total += rec.key.len() + rec.value.len();
+            if total > opts.batch_bytes_max {
+                return Err(ApiError::TooLarge {
+                    what: "batch".into(),
+                    size: total as u64,
+                    limit: opts.batch_bytes_max as u64,
+                });
+            }
+            let v = vshard::vshard(&req.namespace, rec.routing_key.as_deref().unwrap_or(&rec.key));
+            if !r.tablet.contains(v) {
+                return Err(ApiError::StaleRoute {
+                    descriptor: descriptor(&self.node, &r),
+                });
+            }
+            records.push(RecordIn {
+                key: rec.key,
+                ts: rec.ts,
+                value: rec.value,
+                vshard: v,
+            });
+        }
+        let expect = match req.expect {
+            Some(c) => {
+                limits::validate_key("expect.key", &c.key)?;
+                Some(Expect {
+                    key: c.key,
+                    version: c.version.map(Pos::from),
+                })
+            }
+            None => None,
+        };
+        if let Some(reason) = self.node.journal.stopped_reason() {
+            return Err(ApiError::Unavailable {
+                reason: format!("journal stopped: {reason}"),
+            });
+        }
+        let free = self.node.free_bytes();
+        if free < opts.disk_reserve_bytes.saturating_add(total as u64) {
+            return Err(ApiError::StorageFull {
+                free_bytes: free,
+                reserve_bytes: opts.disk_reserve_bytes,
+            });
+        }
+        Ok((
+            r,
+            AppendBatch {
+                namespace: req.namespace,
+                batch_id: batch_id_halves(batch_id),
+                records,
+                expect,
+                proposed_at_us: now_us(),
+            },
+        ))
+    }
+
+    async fn append(&self, req: pb::AppendRequest) -> Result<pb::AppendResponse, ApiError> {
+        let (r, batch) = self.admit(req)?;
+        let resp = r.raft.client_write(TabletCommand::Append(batch)).await.map_err(|e| {
+            if e.forward_to_leader().is_some() {
+                self.not_leader(&r)
+            } else {
+                ApiError::Unavailable {
+                    reason: format!("tablet {}: {e}", r.tablet.id),
+                }
+            }
+        })?;
+        match resp.data {
+            TabletResponse::Appended { positions, duplicate } => Ok(pb::AppendResponse {
+                positions: positions.into_iter().map(Into::into).collect(),
+                duplicate,
+            }),
+            TabletResponse::ConditionFailed { actual } => Err(ApiError::ConditionFailed {
+                actual: actual.map(Into::into),
+            }),
+            TabletResponse::Rejected { reason } => {
+                tracing::warn!(tablet = r.tablet.id, %reason, "batch rejected at apply");
+                Err(ApiError::StaleRoute {
+                    descriptor: descriptor(&self.node, &r),
+                })
+            }
+            other => Err(ApiError::Unavailable {
+                reason: format!("unexpected apply result {other:?}"),
+            }),
+        }
+    }
+
+    /// Makes a read of `r` consistent as asked; returns the watermark.
+    async fn read_barrier(&self, r: &Replica, read: &Option<pb::ReadOptions>) -> Result<(), ApiError> {
+        let read = read.clone().unwrap_or_default();
+        match pb::Consistency::try_from(read.consistency) {
+            Ok(pb::Consistency::Linearizable) => {
+                r.raft.ensure_linearizable(ReadPolicy::ReadIndex).await.map_err(|e| {
+                    if e.forward_to_leader().is_some() {
+                        self.not_leader(r)
+                    } else {
+                        ApiError::Unavailable {
+                            reason: format!("tablet {}: {e}", r.tablet.id),
+                        }
+                    }
+                })?;
+                Ok(())
+            }
+            Ok(pb::Consistency::Bounded) => {
+                if r.is_leader() {
+                    return Ok(());
+                }
+                let since = r.tablet.last_apply.read().expect("lock poisoned").elapsed();
+                let staleness_ms = since.as_millis() as u64;
+                if staleness_ms > read.max_staleness_ms {
+                    return Err(ApiError::TooStale {
+                        staleness_ms,
+                        max_staleness_ms: read.max_staleness_ms,
+                    });
+                }
+                Ok(())
+            }
+            Err(_) => Err(invalid("read.consistency", "unknown consistency")),
+        }
+    }
+
+    fn key_replica(&self, namespace: &str, key: &[u8], routing_key: &Option<Vec<u8>>) -> Result<Arc<Replica>, ApiError> {
+        limits::validate_namespace(namespace)?;
+        limits::validate_key("key", key)?;
+        let v = vshard::vshard(namespace, routing_key.as_deref().unwrap_or(key));
+        self.node.replica_for(v).cloned().ok_or(ApiError::Incomplete { missing: vec![] })
+    }
+
+    async fn get(&self, req: pb::GetRequest) -> Result<pb::GetResponse, ApiError> {
+        let r = self.key_replica(&req.namespace, &req.key, &req.routing_key)?;
+        self.read_barrier(&r, &req.read).await?;
+        let tablet = r.tablet.clone();
+        let (row, watermark) = tokio::task::spawn_blocking(move || {
+            let data = tablet.read();
+            data.latest(&req.namespace, &req.key).map(|row| (row, data.applied_index()))
+        })
+        .await
+        .map_err(|e| ApiError::Unavailable { reason: e.to_string() })?
+        .map_err(read_error)?;
+        Ok(pb::GetResponse {
+            row: row.map(|row| row_to_pb(r.tablet.id, row)),
+            watermark,
+        })
+    }
+
+    async fn scan_key(&self, req: pb::ScanKeyRequest) -> Result<pb::ScanResponse, ApiError> {
+        let r = self.key_replica(&req.namespace, &req.key, &req.routing_key)?;
+        let cursor: Option<KeyCursor> = decode_cursor(&req.cursor)?;
+        self.read_barrier(&r, &req.read).await?;
+        let limit = limit_of(req.limit);
+        let tablet = r.tablet.clone();
+        let ts_to = ts_to_of(req.ts_to);
+        let after = cursor.map(|c| (c.ts, c.index, c.slot));
+        let (rows, watermark) = tokio::task::spawn_blocking(move || {
+            let data = tablet.read();
+            data.scan_key(&req.namespace, &req.key, req.ts_from, ts_to, after, limit + 1)
+                .map(|rows| (rows, data.applied_index()))
+        })
+        .await
+        .map_err(|e| ApiError::Unavailable { reason: e.to_string() })?
+        .map_err(read_error)?;
+        let more = rows.len() > limit;
+        let rows: Vec<Row> = rows.into_iter().take(limit).collect();
+        let next_cursor = match (more, rows.last()) {
+            (true, Some(last)) => encode_cursor(&KeyCursor {
+                ts: last.ts,
+                index: last.index,
+                slot: last.slot,
+            }),
+            _ => Vec::new(),
+        };
+        Ok(pb::ScanResponse {
+            rows: rows.into_iter().map(|row| row_to_pb(r.tablet.id, row)).collect(),
+            next_cursor,
+            watermark,
+            missing_tablets: vec![],
+        })
+    }
+
+    async fn scan(&self, req: pb::ScanRequest) -> Result<pb::ScanResponse, ApiError> {
+        limits::validate_namespace(&req.namespace)?;
+        let cursor: Option<ScanCursor> = decode_cursor(&req.cursor)?;
+        let limit = limit_of(req.limit);
+        let (lo, hi) = vshard::namespace_range(&req.namespace);
+        let covering: Vec<Arc<Replica>> = self
+            .node
+            .replicas
+            .values()
+            .filter(|r| u64::from(r.tablet.vshard_lo) < hi && r.tablet.vshard_hi > u64::from(lo))
+            .cloned()
+            .collect();
+        let partial = req.read.as_ref().is_some_and(|r| r.partial);
+        let mut missing = Vec::new();
+        let mut all: Vec<(u64, Row)> = Vec::new();
+        let mut watermark = u64::MAX;
+        let ts_to = ts_to_of(req.ts_to);
+        for r in covering {
+            if let Err(e) = self.read_barrier(&r, &req.read).await {
+                if partial {
+                    missing.push(r.tablet.id);
+                    continue;
+                }
+                return Err(e);
+            }
+            let tablet = r.tablet.clone();
+            let ns = req.namespace.clone();
+            let prefix = req.key_prefix.clone();
+            let from = req.ts_from;
+            let result = tokio::task::spawn_blocking(move || {
+                let data = tablet.read();
+                data.scan(&ns, &prefix, from, ts_to).map(|rows| (rows, data.applied_index()))
+            })
+            .await
+            .map_err(|e| ApiError::Unavailable { reason: e.to_string() })?;
+            match result {
+                Ok((rows, applied)) => {
+                    watermark = watermark.min(applied);
+                    all.extend(rows.into_iter().map(|row| (r.tablet.id, row)));
+                }
+                Err(e) if partial => {
+                    tracing::warn!(tablet = r.tablet.id, error = %e, "scan: tablet unreadable");
+                    missing.push(r.tablet.id);
+                }
+                Err(e) => return Err(read_error(e)),
+            }
+        }
+        all.sort_by(|a, b| (a.1.ts, &a.1.key, a.0, a.1.index, a.1.slot).cmp(&(b.1.ts, &b.1.key, b.0, b.1.index, b.1.slot)));
+        if let Some(c) = &cursor {
+            let after = (c.ts, &c.key, c.tablet, c.index, c.slot);
+            all.retain(|(t, row)| (row.ts, &row.key, *t, row.index, row.slot) > after);
+        }
+        let more = all.len() > limit;
+        all.truncate(limit);
+        let next_cursor = match (more, all.last()) {
+            (true, Some((t, last))) => encode_cursor(&ScanCursor {
+                ts: last.ts,
+                key: last.key.clone(),
+                tablet: *t,
+                index: last.index,
+                slot: last.slot,
+            }),
+            _ => Vec::new(),
+        };
+        Ok(pb::ScanResponse {
+            rows: all.into_iter().map(|(t, row)| row_to_pb(t, row)).collect(),
+            next_cursor,
+            watermark: if watermark == u64::MAX { 0 } else { watermark },
+            missing_tablets: missing,
+        })
+    }
+}
+
+/// A read that hit damaged data: reported, never returned as data.
+fn read_error(e: crate::Error) -> ApiError {
+    tracing::error!(error = %e, "read failed");
+    ApiError::Unavailable {
+        reason: format!("read failed: {e}"),
+    }
+}
+
+#[tonic::async_trait]
+impl Data for DataService {
+    async fn append(&self, req: Request<pb::AppendRequest>) -> Result<Response<pb::AppendResponse>, Status> {
+        Ok(Response::new(DataService::append(self, req.into_inner()).await?))
+    }
+
+    async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::GetResponse>, Status> {
+        Ok(Response::new(DataService::get(self, req.into_inner()).await?))
+    }
+
+    async fn scan_key(&self, req: Request<pb::ScanKeyRequest>) -> Result<Response<pb::ScanResponse>, Status> {
+        Ok(Response::new(DataService::scan_key(self, req.into_inner()).await?))
+    }
+
+    async fn scan(&self, req: Request<pb::ScanRequest>) -> Result<Response<pb::ScanResponse>, Status> {
+        Ok(Response::new(DataService::scan(self, req.into_inner()).await?))
+    }
+
+    async fn list_tablets(
+        &self,
+        _req: Request<pb::ListTabletsRequest>,
+    ) -> Result<Response<pb::ListTabletsResponse>, Status> {
+        let tablets = self.node.replicas.values().map(|r| descriptor(&self.node, r)).collect();
+        Ok(Response::new(pb::ListTabletsResponse {
+            node_id: self.node.options.node_id,
+            tablets,
+        }))
+    }
+
+    async fn status(&self, _req: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
+        let js = self.node.journal.stats();
+        let (mut records, mut sealed) = (0, 0);
+        for r in self.node.replicas.values() {
+            records += r.tablet.stats.records_applied.load(std::sync::atomic::Ordering::Relaxed);
+            sealed += r.tablet.stats.seals_published.load(std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(Response::new(pb::StatusResponse {
+            node_id: self.node.options.node_id,
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            tablets: self.node.replicas.len() as u64,
+            journal_fsyncs: js.fsyncs,
+            journal_frames: js.frames,
+            journal_bytes: js.bytes,
+            journal_files: js.files as u64,
+            journal_stopped: js.stopped.unwrap_or_default(),
+            records_appended: records,
+            segments_sealed: sealed,
+            replayed_frames: self.node.stats.replayed_frames.load(std::sync::atomic::Ordering::Relaxed),
+            free_bytes: self.node.free_bytes(),
+        }))
+    }
+}
+
+/// Serves the data API, gRPC health and reflection on `addr` until `cancel`.
+pub async fn serve(node: Arc<Node>, addr: SocketAddr, cancel: CancellationToken) -> crate::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| crate::Error::io(format!("bind {addr}"), e))?;
+    serve_on(node, listener, cancel).await
+}
+
+/// Like [`serve`], on a listener the caller bound (port 0 in tests).
+pub async fn serve_on(node: Arc<Node>, listener: tokio::net::TcpListener, cancel: CancellationToken) -> crate::Result<()> {
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<pb::data_server::DataServer<DataService>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| crate::Error::Config(format!("reflection: {e}")))?;
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    tonic::transport::Server::builder()
+        .timeout(Duration::from_secs(60))
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(
+            pb::data_server::DataServer::new(DataService::new(node))
+                .max_decoding_message_size(64 << 20),
+        )
+        .serve_with_incoming_shutdown(incoming, cancel.cancelled())
+        .await
+        .map_err(|e| crate::Error::Config(format!("gRPC server: {e}")))
+}
