@@ -1,1 +1,167 @@
-fn main() {}
+//! `stele`: one binary, roles and operator commands by subcommand.
+//!
+//! This file only wires arguments to the crates; behaviour lives in
+//! `stele-node` (the server) and `stele-client` (everything that talks to one).
+
+mod ops;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use stele_node::{Node, NodeOptions};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(name = "stele", version, about = "Stele: a Raft-replicated, multi-tablet storage cluster")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a single-node cell on embedded defaults (plaintext, loopback).
+    Dev(DevArgs),
+    /// Run a storage node.
+    Server(ServerArgs),
+    /// Append one record.
+    Append(ops::AppendArgs),
+    /// Read records of a key or a namespace.
+    Scan(ops::ScanArgs),
+    /// Measure durable appends against a running cell, or the raw fsync rate of a device.
+    Bench(ops::BenchArgs),
+}
+
+#[derive(clap::Args)]
+struct DevArgs {
+    /// Data directory.
+    #[arg(long, default_value = "./stele-data")]
+    data_dir: PathBuf,
+    /// Client API address (loopback only: `dev` serves plaintext).
+    #[arg(long, default_value = "127.0.0.1:7450")]
+    listen: SocketAddr,
+    /// Tablets to create in a new data directory.
+    #[arg(long, default_value_t = 16)]
+    tablets: u32,
+    #[command(flatten)]
+    tuning: Tuning,
+}
+
+#[derive(clap::Args)]
+struct ServerArgs {
+    #[arg(long)]
+    node_id: u64,
+    #[arg(long)]
+    listen: SocketAddr,
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// Tablets to create in a new data directory.
+    #[arg(long, default_value_t = 16)]
+    tablets: u32,
+    #[command(flatten)]
+    tuning: Tuning,
+}
+
+/// Storage tuning shared by `dev` and `server`.
+#[derive(clap::Args)]
+struct Tuning {
+    /// Seal a tablet's memtable at this many bytes.
+    #[arg(long, default_value_t = 32 << 20)]
+    memtable_bytes_max: usize,
+    /// Roll journal files at this size.
+    #[arg(long, default_value_t = 64 << 20)]
+    journal_file_bytes_max: u64,
+    /// Force-seal tablets holding back journal trim past this many retained bytes.
+    #[arg(long, default_value_t = 4 << 30)]
+    journal_retained_bytes_max: u64,
+    /// Refuse appends with StorageFull below this much free space.
+    #[arg(long, default_value_t = 256 << 20)]
+    disk_reserve_bytes: u64,
+    /// The journal's own last-resort reserve (must be at most disk-reserve-bytes).
+    #[arg(long, default_value_t = 64 << 20)]
+    journal_reserve_bytes: u64,
+    /// Group-commit linger, in microseconds.
+    #[arg(long, default_value_t = 2000)]
+    linger_us: u64,
+}
+
+fn node_options(data_dir: PathBuf, node_id: u64, tablets: u32, advertise: String, t: &Tuning) -> NodeOptions {
+    let mut o = NodeOptions::new(data_dir);
+    o.node_id = node_id;
+    o.initial_tablets = tablets;
+    o.advertise = advertise;
+    o.tablet.memtable_bytes_max = t.memtable_bytes_max;
+    o.journal.file_bytes_max = t.journal_file_bytes_max;
+    o.journal.linger = Duration::from_micros(t.linger_us);
+    o.journal.reserve_bytes = t.journal_reserve_bytes;
+    o.journal.faults = stele_node::journal::Faults::from_env();
+    o.journal_retained_bytes_max = t.journal_retained_bytes_max;
+    o.disk_reserve_bytes = t.disk_reserve_bytes;
+    o
+}
+
+async fn run_server(options: NodeOptions, listen: SocketAddr, label: &str) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("bind {listen}"))?;
+    let addr = listener.local_addr()?;
+    let mut options = options;
+    options.advertise = format!("http://{addr}");
+    let data_dir = options.data_dir.clone();
+    let tablets = options.initial_tablets;
+    let node: Arc<Node> = Node::open(options).await.context("open node")?;
+    node.wait_ready(Duration::from_secs(60)).await.context("tablets not ready")?;
+    let cancel = CancellationToken::new();
+    let server = tokio::spawn(stele_node::service::serve_on(node.clone(), listener, cancel.clone()));
+    println!(
+        "stele {label}: listening on http://{addr} (data dir {}, {} tablets, replayed {} journal frames)",
+        data_dir.display(),
+        node.replicas.len().max(tablets as usize).min(node.replicas.len()),
+        node.stats.replayed_frames.load(std::sync::atomic::Ordering::Relaxed),
+    );
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+        r = server => { r??; }
+    }
+    cancel.cancel();
+    node.shutdown().await;
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,stele=info,stele_node=info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Dev(a) => {
+                anyhow::ensure!(
+                    a.listen.ip().is_loopback(),
+                    "stele dev serves plaintext and listens on loopback only; got {}",
+                    a.listen
+                );
+                let o = node_options(a.data_dir, 1, a.tablets, String::new(), &a.tuning);
+                run_server(o, a.listen, "dev").await
+            }
+            Command::Server(a) => {
+                let o = node_options(a.data_dir, a.node_id, a.tablets, String::new(), &a.tuning);
+                run_server(o, a.listen, "server").await
+            }
+            Command::Append(a) => ops::run_append(a).await,
+            Command::Scan(a) => ops::run_scan(a).await,
+            Command::Bench(a) => ops::run_bench(a).await,
+        }
+    })
+}
