@@ -79,7 +79,7 @@ impl Bloom {
 
     /// Validates a stored filter; `Err` names what is wrong.
     pub fn from_stored(stored: BloomV1) -> Result<Self, String> {
-        if stored.bits_len == 0 || stored.bits_len % 8 != 0 {
+        if stored.bits_len == 0 || !stored.bits_len.is_multiple_of(8) {
             return Err(format!(
                 "bloom bits_len {} is not a positive multiple of 8",
                 stored.bits_len

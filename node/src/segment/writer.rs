@@ -183,7 +183,6 @@ pub fn encode(header: &SegmentHeader, rows: &[Row], opts: &WriteOptions) -> Resu
     if !raw.is_empty() {
         flush(&mut out, &mut raw, &rows[block_start..]);
     }
-    drop(flush);
 
     let first = &rows[0];
     let last = &rows[rows.len() - 1];
