@@ -1,0 +1,112 @@
+//! Row layout inside a block (row schema 1), before compression.
+//!
+//! ```text
+//! row = varint len(namespace) | namespace (UTF-8)
+//!     | varint len(key)       | key
+//!     | varint ts | varint index | varint slot
+//!     | varint len(value)     | value
+//! ```
+//!
+//! Rows follow each other with no padding; a block's row count is in the
+//! footer's block index, and the decoder requires the bytes to end exactly
+//! after the last row.
+
+use super::Row;
+use super::format::{
+    KEY_BYTES_MAX, NAMESPACE_BYTES_MAX, VALUE_BYTES_HARD_MAX, get_varint, put_varint, varint_len,
+};
+
+/// Encoded size of `row`.
+pub fn row_len(row: &Row) -> usize {
+    varint_len(row.namespace.len() as u64)
+        + row.namespace.len()
+        + varint_len(row.key.len() as u64)
+        + row.key.len()
+        + varint_len(row.ts)
+        + varint_len(row.index)
+        + varint_len(u64::from(row.slot))
+        + varint_len(row.value.len() as u64)
+        + row.value.len()
+}
+
+pub fn put_row(out: &mut Vec<u8>, row: &Row) {
+    put_varint(out, row.namespace.len() as u64);
+    out.extend_from_slice(row.namespace.as_bytes());
+    put_varint(out, row.key.len() as u64);
+    out.extend_from_slice(&row.key);
+    put_varint(out, row.ts);
+    put_varint(out, row.index);
+    put_varint(out, u64::from(row.slot));
+    put_varint(out, row.value.len() as u64);
+    out.extend_from_slice(&row.value);
+}
+
+fn get_bytes<'a>(
+    buf: &'a [u8],
+    pos: &mut usize,
+    max: usize,
+    what: &str,
+) -> Result<&'a [u8], String> {
+    let at = *pos;
+    let len = get_varint(buf, pos)
+        .ok_or_else(|| format!("bad {what} length varint at block byte {at}"))?;
+    if len > max as u64 {
+        return Err(format!(
+            "{what} length {len} at block byte {at} exceeds {max}"
+        ));
+    }
+    let len = len as usize;
+    let end = pos
+        .checked_add(len)
+        .filter(|end| *end <= buf.len())
+        .ok_or_else(|| {
+            format!("{what} of {len} bytes at block byte {at} runs past the block end")
+        })?;
+    let bytes = &buf[*pos..end];
+    *pos = end;
+    Ok(bytes)
+}
+
+fn get_u64(buf: &[u8], pos: &mut usize, what: &str) -> Result<u64, String> {
+    let at = *pos;
+    get_varint(buf, pos).ok_or_else(|| format!("bad {what} varint at block byte {at}"))
+}
+
+/// Decodes exactly `rows` rows filling all of `buf`. Never panics; the
+/// number of rows allocated up front is capped by the buffer size.
+pub fn decode_rows(buf: &[u8], rows: u64) -> Result<Vec<Row>, String> {
+    // Each row takes at least 6 bytes, so a larger count is a lie.
+    if rows > (buf.len() / 6) as u64 {
+        return Err(format!("{rows} rows cannot fit in {} bytes", buf.len()));
+    }
+    let mut out = Vec::with_capacity(rows as usize);
+    let mut pos = 0;
+    for _ in 0..rows {
+        let namespace = get_bytes(buf, &mut pos, NAMESPACE_BYTES_MAX, "namespace")?;
+        let namespace = std::str::from_utf8(namespace)
+            .map_err(|_| format!("namespace before block byte {pos} is not UTF-8"))?
+            .to_owned();
+        let key = get_bytes(buf, &mut pos, KEY_BYTES_MAX, "key")?.to_vec();
+        let ts = get_u64(buf, &mut pos, "ts")?;
+        let index = get_u64(buf, &mut pos, "index")?;
+        let slot = get_u64(buf, &mut pos, "slot")?;
+        let slot = u32::try_from(slot)
+            .map_err(|_| format!("slot {slot} before block byte {pos} exceeds u32"))?;
+        let value = get_bytes(buf, &mut pos, VALUE_BYTES_HARD_MAX, "value")?.to_vec();
+        out.push(Row {
+            namespace,
+            key,
+            ts,
+            index,
+            slot,
+            value,
+        });
+    }
+    if pos != buf.len() {
+        return Err(format!(
+            "{} trailing bytes after {rows} rows",
+            buf.len() - pos
+        ));
+    }
+    Ok(out)
+}

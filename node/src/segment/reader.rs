@@ -1,0 +1,617 @@
+//! Reading a segment: open checks the prologue, header, footer and trailer
+//! and keeps the header, block index and bloom filter in memory; blocks are
+//! read with positioned reads on demand and checked (crc32c, then the decoded
+//! rows against the block index) before any row is returned.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use xxhash_rust::xxh3::Xxh3;
+
+use super::block::decode_rows;
+use super::bloom::Bloom;
+use super::format::*;
+use super::{Error, Result, Row, SegmentHeader, SegmentStats};
+
+/// Bytes read at a time when hashing a whole file.
+const HASH_CHUNK_BYTES: usize = 1 << 20;
+
+/// An open segment file.
+#[derive(Debug)]
+pub struct SegmentReader {
+    path: PathBuf,
+    file: File,
+    file_len: u64,
+    id: String,
+    header: SegmentHeader,
+    stats: SegmentStats,
+    blocks: Vec<BlockMeta>,
+    bloom: Bloom,
+    footer_offset: u64,
+    file_xxh3: u64,
+}
+
+fn u32_at(buf: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(buf[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn u64_at(buf: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(buf[at..at + 8].try_into().expect("8 bytes"))
+}
+
+impl SegmentReader {
+    /// Opens and checks a segment, computing its id by hashing the whole file
+    /// once (sequential reads of 1 MiB, not kept in memory); the whole-file
+    /// xxh3-64 in the trailer is checked on the way, so any damage fails here.
+    pub fn open(path: &Path) -> Result<Self> {
+        let mut reader = Self::open_structure(path, String::new())?;
+        let (prefix_hash, full_hash) = reader.hash_file()?;
+        if prefix_hash != reader.file_xxh3 {
+            // Name the damaged block if there is one; it is more useful than "somewhere".
+            reader.verify_blocks()?;
+            return Err(reader.corrupt(
+                reader.file_len - TRAILER_LEN as u64,
+                format!(
+                    "whole-file xxh3-64 {prefix_hash:016x} does not match the trailer's {:016x}",
+                    reader.file_xxh3
+                ),
+            ));
+        }
+        reader.id = format!("{full_hash:032x}");
+        Ok(reader)
+    }
+
+    /// Opens and checks a segment whose id the caller already knows (from the
+    /// catalog), without reading the blocks. Damage inside a block is then
+    /// found when that block is read; [`Self::verify_all`] checks everything,
+    /// including that the content hashes to `id`.
+    pub fn open_with_id(path: &Path, id: &str) -> Result<Self> {
+        if id.len() != 32
+            || !id
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
+            return Err(Error::Invalid(format!(
+                "segment id {id:?} is not 32 lowercase hex digits"
+            )));
+        }
+        Self::open_structure(path, id.to_owned())
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn header(&self) -> &SegmentHeader {
+        &self.header
+    }
+
+    pub fn stats(&self) -> &SegmentStats {
+        &self.stats
+    }
+
+    pub fn file_len(&self) -> u64 {
+        self.file_len
+    }
+
+    pub fn block_count(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// File offsets of the blocks, in order (for tools and tests).
+    pub fn block_offsets(&self) -> Vec<u64> {
+        self.blocks.iter().map(|b| b.offset).collect()
+    }
+
+    /// False means the segment holds no row of this key; true means it may.
+    pub fn may_contain_key(&self, namespace: &str, key: &[u8]) -> bool {
+        self.bloom.may_contain(namespace, key)
+    }
+
+    /// Rows of one key with `ts_from <= ts < ts_to`, ascending by
+    /// `(ts, index, slot)`, strictly after the cursor `after = (ts, index, slot)`
+    /// if given, at most `limit` of them.
+    pub fn scan_key(
+        &self,
+        namespace: &str,
+        key: &[u8],
+        ts_from: u64,
+        ts_to: u64,
+        after: Option<(u64, u64, u32)>,
+        limit: usize,
+    ) -> Result<Vec<Row>> {
+        let mut out = Vec::new();
+        if limit == 0 || ts_from >= ts_to || !self.may_contain_key(namespace, key) {
+            return Ok(out);
+        }
+        for i in self.key_blocks(namespace, key) {
+            let meta = &self.blocks[i];
+            if meta.ts_max < ts_from || meta.ts_min >= ts_to {
+                continue;
+            }
+            for row in self.read_block(i)? {
+                if row.namespace != namespace
+                    || row.key != key
+                    || row.ts < ts_from
+                    || row.ts >= ts_to
+                {
+                    continue;
+                }
+                if after.is_some_and(|c| (row.ts, row.index, row.slot) <= c) {
+                    continue;
+                }
+                out.push(row);
+                if out.len() == limit {
+                    return Ok(out);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The key's latest written record: the highest `(index, slot)`, whatever
+    /// its ts. Used for Get and for conditional-append versions.
+    pub fn latest(&self, namespace: &str, key: &[u8]) -> Result<Option<Row>> {
+        if !self.may_contain_key(namespace, key) {
+            return Ok(None);
+        }
+        let mut best: Option<Row> = None;
+        for i in self.key_blocks(namespace, key) {
+            for row in self.read_block(i)? {
+                if row.namespace == namespace
+                    && row.key == key
+                    && best
+                        .as_ref()
+                        .is_none_or(|b| (row.index, row.slot) > (b.index, b.slot))
+                {
+                    best = Some(row);
+                }
+            }
+        }
+        Ok(best)
+    }
+
+    /// All rows of `namespace` whose key starts with `key_prefix` and whose
+    /// ts is in `[ts_from, ts_to)`, in segment order `(key, ts, index, slot)`.
+    /// Blocks outside the key range or the ts range are not read.
+    pub fn scan(
+        &self,
+        namespace: &str,
+        key_prefix: &[u8],
+        ts_from: u64,
+        ts_to: u64,
+    ) -> Result<Vec<Row>> {
+        let mut out = Vec::new();
+        if ts_from >= ts_to {
+            return Ok(out);
+        }
+        let start = self.blocks.partition_point(|b| {
+            (b.last_namespace.as_str(), b.last_key.as_slice()) < (namespace, key_prefix)
+        });
+        for i in start..self.blocks.len() {
+            let meta = &self.blocks[i];
+            // Keys with the prefix form one contiguous run; a block whose first
+            // key is past the prefix (and does not start with it) is past the run.
+            let first_ns = meta.first_namespace.as_str();
+            if first_ns > namespace
+                || (first_ns == namespace
+                    && meta.first_key.as_slice() > key_prefix
+                    && !meta.first_key.starts_with(key_prefix))
+            {
+                break;
+            }
+            if meta.ts_max < ts_from || meta.ts_min >= ts_to {
+                continue;
+            }
+            out.extend(self.read_block(i)?.into_iter().filter(|r| {
+                r.namespace == namespace
+                    && r.key.starts_with(key_prefix)
+                    && r.ts >= ts_from
+                    && r.ts < ts_to
+            }));
+        }
+        Ok(out)
+    }
+
+    /// Scrub: reads and checks every block, then the whole-file xxh3-64 and
+    /// that the content hashes to the id.
+    pub fn verify_all(&self) -> Result<()> {
+        self.verify_blocks()?;
+        let (prefix_hash, full_hash) = self.hash_file()?;
+        let trailer_at = self.file_len - TRAILER_LEN as u64;
+        if prefix_hash != self.file_xxh3 {
+            return Err(self.corrupt(
+                trailer_at,
+                "whole-file xxh3-64 does not match the trailer".into(),
+            ));
+        }
+        if format!("{full_hash:032x}") != self.id {
+            return Err(self.corrupt(
+                0,
+                format!(
+                    "content hashes to {full_hash:032x}, not to the segment id {}",
+                    self.id
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn verify_blocks(&self) -> Result<()> {
+        for i in 0..self.blocks.len() {
+            self.read_block(i)?;
+        }
+        Ok(())
+    }
+
+    /// Indexes of the blocks whose `[first, last]` (namespace, key) range holds the key.
+    fn key_blocks(&self, namespace: &str, key: &[u8]) -> std::ops::Range<usize> {
+        let target = (namespace, key);
+        let start = self
+            .blocks
+            .partition_point(|b| (b.last_namespace.as_str(), b.last_key.as_slice()) < target);
+        let end = self
+            .blocks
+            .partition_point(|b| (b.first_namespace.as_str(), b.first_key.as_slice()) <= target);
+        start..end.max(start)
+    }
+
+    fn corrupt(&self, offset: u64, what: String) -> Error {
+        Error::Corrupt {
+            file: self.path.clone(),
+            offset,
+            what,
+        }
+    }
+
+    fn read_at(&self, offset: u64, len: usize, op: &'static str) -> Result<Vec<u8>> {
+        read_at(&self.file, &self.path, offset, len, op)
+    }
+
+    fn hash_file(&self) -> Result<(u64, u128)> {
+        let prefix_len = self.file_len - TRAILER_LEN as u64;
+        let mut prefix = Xxh3::new();
+        let mut full = Xxh3::new();
+        let mut at = 0u64;
+        while at < self.file_len {
+            let len = (self.file_len - at).min(HASH_CHUNK_BYTES as u64) as usize;
+            let chunk = self.read_at(at, len, "hashing the file")?;
+            if at < prefix_len {
+                let in_prefix = (prefix_len - at).min(len as u64) as usize;
+                prefix.update(&chunk[..in_prefix]);
+            }
+            full.update(&chunk);
+            at += len as u64;
+        }
+        Ok((prefix.digest(), full.digest128()))
+    }
+
+    /// Reads block `i`, checks its crc32c, decompresses it within its declared
+    /// size and checks the rows against the block index and the header.
+    fn read_block(&self, i: usize) -> Result<Vec<Row>> {
+        let meta = &self.blocks[i];
+        let at = meta.offset;
+        // Lengths were bounded by the file geometry in open_structure.
+        let bytes = self.read_at(
+            at,
+            BLOCK_CRC_LEN + meta.compressed_len as usize,
+            "reading a block",
+        )?;
+        let (crc, frame) = bytes.split_at(BLOCK_CRC_LEN);
+        let stored = u32_at(crc, 0);
+        let actual = crc32c::crc32c(frame);
+        if stored != actual {
+            return Err(self.corrupt(
+                at,
+                format!("block {i} crc32c {actual:08x} does not match the stored {stored:08x}"),
+            ));
+        }
+        let raw = zstd::bulk::decompress(frame, meta.uncompressed_len as usize)
+            .map_err(|e| self.corrupt(at, format!("block {i} does not decompress: {e}")))?;
+        if raw.len() as u64 != meta.uncompressed_len {
+            return Err(self.corrupt(
+                at,
+                format!(
+                    "block {i} decompresses to {} bytes, the index says {}",
+                    raw.len(),
+                    meta.uncompressed_len
+                ),
+            ));
+        }
+        let rows = decode_rows(&raw, meta.rows)
+            .map_err(|e| self.corrupt(at, format!("block {i}: {e}")))?;
+        self.check_block_rows(i, &rows)
+            .map_err(|e| self.corrupt(at, format!("block {i}: {e}")))?;
+        Ok(rows)
+    }
+
+    /// Invariants re-asserted after reading (TigerBeetle style).
+    fn check_block_rows(&self, i: usize, rows: &[Row]) -> Result<(), String> {
+        let meta = &self.blocks[i];
+        let (Some(first), Some(last)) = (rows.first(), rows.last()) else {
+            return Err("no rows".into());
+        };
+        if (first.namespace.as_str(), first.key.as_slice())
+            != (meta.first_namespace.as_str(), meta.first_key.as_slice())
+            || (last.namespace.as_str(), last.key.as_slice())
+                != (meta.last_namespace.as_str(), meta.last_key.as_slice())
+        {
+            return Err("first or last key differs from the block index".into());
+        }
+        if rows
+            .windows(2)
+            .any(|w| w[0].order_key() >= w[1].order_key())
+        {
+            return Err("rows are not strictly sorted".into());
+        }
+        let ts_min = rows.iter().map(|r| r.ts).min().unwrap_or(0);
+        let ts_max = rows.iter().map(|r| r.ts).max().unwrap_or(0);
+        if (ts_min, ts_max) != (meta.ts_min, meta.ts_max) {
+            return Err("ts range differs from the block index".into());
+        }
+        if let Some(r) = rows
+            .iter()
+            .find(|r| r.index < self.header.log_first || r.index > self.header.log_last)
+        {
+            return Err(format!(
+                "row index {} outside the header's log range",
+                r.index
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks everything except block contents and the whole-file hash.
+    fn open_structure(path: &Path, id: String) -> Result<Self> {
+        let io = |op: &'static str| {
+            move |source| Error::Io {
+                file: path.to_owned(),
+                op,
+                source,
+            }
+        };
+        let corrupt = |offset: u64, what: String| Error::Corrupt {
+            file: path.to_owned(),
+            offset,
+            what,
+        };
+        let file = File::open(path).map_err(io("opening"))?;
+        let file_len = file.metadata().map_err(io("reading metadata"))?.len();
+
+        let prologue_len = (PROLOGUE_LEN as u64).min(file_len) as usize;
+        let prologue = read_at(&file, path, 0, prologue_len, "reading the prologue")?;
+        if prologue.len() < MAGIC.len() || prologue[..MAGIC.len()] != MAGIC {
+            return Err(Error::BadMagic {
+                file: path.to_owned(),
+                found: prologue[..prologue.len().min(MAGIC.len())].to_vec(),
+            });
+        }
+        if file_len < FILE_LEN_MIN {
+            return Err(corrupt(
+                0,
+                format!("file of {file_len} bytes is too short (truncated?)"),
+            ));
+        }
+        let version = u32_at(&prologue, PROLOGUE_VERSION_OFFSET);
+        if version != FORMAT_VERSION {
+            return Err(Error::UnknownVersion {
+                file: path.to_owned(),
+                version,
+                supported: FORMAT_VERSION,
+            });
+        }
+        let header_len = u32_at(&prologue, PROLOGUE_HEADER_LEN_OFFSET) as usize;
+        let header_end = (PROLOGUE_LEN + header_len) as u64;
+        if header_len > HEADER_BYTES_MAX || header_end + TRAILER_LEN as u64 > file_len {
+            return Err(corrupt(
+                PROLOGUE_HEADER_LEN_OFFSET as u64,
+                format!("header length {header_len} does not fit (file {file_len} bytes)"),
+            ));
+        }
+        let header_bytes = read_at(
+            &file,
+            path,
+            PROLOGUE_LEN as u64,
+            header_len,
+            "reading the header",
+        )?;
+        let header_crc = crc32c::crc32c_append(
+            crc32c::crc32c(&prologue[..PROLOGUE_CRC_COVERED]),
+            &header_bytes,
+        );
+        if header_crc != u32_at(&prologue, PROLOGUE_HEADER_CRC_OFFSET) {
+            return Err(corrupt(
+                PROLOGUE_LEN as u64,
+                "header crc32c mismatch".into(),
+            ));
+        }
+        let header: HeaderV1 = ciborium::from_reader(header_bytes.as_slice()).map_err(|e| {
+            corrupt(
+                PROLOGUE_LEN as u64,
+                format!("header is not valid CBOR: {e}"),
+            )
+        })?;
+
+        let trailer_at = file_len - TRAILER_LEN as u64;
+        let trailer = read_at(&file, path, trailer_at, TRAILER_LEN, "reading the trailer")?;
+        if trailer[TRAILER_MAGIC_OFFSET..] != TRAILER_MAGIC {
+            return Err(corrupt(
+                trailer_at,
+                "trailing magic missing (truncated or damaged)".into(),
+            ));
+        }
+        if crc32c::crc32c(&trailer[..TRAILER_CRC_OFFSET]) != u32_at(&trailer, TRAILER_CRC_OFFSET) {
+            return Err(corrupt(trailer_at, "trailer crc32c mismatch".into()));
+        }
+        let footer_offset = u64_at(&trailer, TRAILER_FOOTER_OFFSET_OFFSET);
+        let footer_len = u32_at(&trailer, TRAILER_FOOTER_LEN_OFFSET) as usize;
+        if footer_offset < header_end
+            || footer_len > FOOTER_BYTES_MAX
+            || footer_offset.checked_add(footer_len as u64) != Some(trailer_at)
+        {
+            return Err(corrupt(
+                trailer_at,
+                format!("footer [{footer_offset}, +{footer_len}) does not end at the trailer"),
+            ));
+        }
+        let footer_bytes = read_at(&file, path, footer_offset, footer_len, "reading the footer")?;
+        if crc32c::crc32c(&footer_bytes) != u32_at(&trailer, TRAILER_FOOTER_CRC_OFFSET) {
+            return Err(corrupt(footer_offset, "footer crc32c mismatch".into()));
+        }
+        let footer: FooterV1 = ciborium::from_reader(footer_bytes.as_slice())
+            .map_err(|e| corrupt(footer_offset, format!("footer is not valid CBOR: {e}")))?;
+
+        check_header(&header).map_err(|e| corrupt(PROLOGUE_LEN as u64, e))?;
+        check_footer(&header, &footer, header_end, footer_offset)
+            .map_err(|e| corrupt(footer_offset, e))?;
+        let bloom = Bloom::from_stored(footer.bloom).map_err(|e| corrupt(footer_offset, e))?;
+
+        Ok(Self {
+            path: path.to_owned(),
+            file,
+            file_len,
+            id,
+            header: SegmentHeader {
+                tablet: header.tablet,
+                vshard_lo: header.vshard_lo,
+                vshard_hi: header.vshard_hi,
+                log_first: header.log_first,
+                log_last: header.log_last,
+            },
+            stats: SegmentStats {
+                rows: header.rows,
+                keys: header.keys,
+                ts_min: header.ts_min,
+                ts_max: header.ts_max,
+            },
+            blocks: footer.blocks,
+            bloom,
+            footer_offset,
+            file_xxh3: u64_at(&trailer, TRAILER_FILE_XXH3_OFFSET),
+        })
+    }
+
+    /// Offset of the footer (for tools and tests).
+    pub fn footer_offset(&self) -> u64 {
+        self.footer_offset
+    }
+}
+
+fn read_at(file: &File, path: &Path, offset: u64, len: usize, op: &'static str) -> Result<Vec<u8>> {
+    let mut buf = vec![0; len];
+    file.read_exact_at(&mut buf, offset).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::UnexpectedEof {
+            Error::Corrupt {
+                file: path.to_owned(),
+                offset,
+                what: format!(
+                    "file ends before {len} bytes at this offset while {op} (truncated?)"
+                ),
+            }
+        } else {
+            Error::Io {
+                file: path.to_owned(),
+                op,
+                source,
+            }
+        }
+    })?;
+    Ok(buf)
+}
+
+fn check_header(h: &HeaderV1) -> Result<(), String> {
+    if h.row_schema != ROW_SCHEMA {
+        return Err(format!("unknown row schema {}", h.row_schema));
+    }
+    if u64::from(h.vshard_lo) >= h.vshard_hi || h.vshard_hi > 1 << 32 {
+        return Err(format!(
+            "bad vshard range [{}, {})",
+            h.vshard_lo, h.vshard_hi
+        ));
+    }
+    if h.log_first > h.log_last
+        || h.rows == 0
+        || h.keys == 0
+        || h.keys > h.rows
+        || h.ts_min > h.ts_max
+    {
+        return Err("inconsistent header ranges or counts".into());
+    }
+    Ok(())
+}
+
+/// The footer agrees with the header and the blocks tile `[header_end, footer_offset)`
+/// in sorted order, so no byte of the file escapes a checksum.
+fn check_footer(
+    h: &HeaderV1,
+    f: &FooterV1,
+    header_end: u64,
+    footer_offset: u64,
+) -> Result<(), String> {
+    if (f.rows, f.keys, f.ts_min, f.ts_max) != (h.rows, h.keys, h.ts_min, h.ts_max) {
+        return Err("footer stats differ from the header".into());
+    }
+    if f.index_min < h.log_first || f.index_max > h.log_last || f.index_min > f.index_max {
+        return Err("footer index range outside the header's log range".into());
+    }
+    let (Some(first), Some(last)) = (f.blocks.first(), f.blocks.last()) else {
+        return Err("no blocks".into());
+    };
+    if (first.first_namespace.as_str(), first.first_key.as_slice())
+        != (f.first_namespace.as_str(), f.first_key.as_slice())
+        || (last.last_namespace.as_str(), last.last_key.as_slice())
+            != (f.last_namespace.as_str(), f.last_key.as_slice())
+    {
+        return Err("footer first/last key differs from the block index".into());
+    }
+    let mut expected = header_end;
+    let mut rows = 0u64;
+    let (mut ts_min, mut ts_max) = (u64::MAX, 0);
+    for (i, b) in f.blocks.iter().enumerate() {
+        if b.offset != expected {
+            return Err(format!(
+                "block {i} at {} but the previous one ends at {expected}",
+                b.offset
+            ));
+        }
+        if b.compressed_len == 0
+            || b.uncompressed_len > BLOCK_UNCOMPRESSED_BYTES_MAX as u64
+            || b.rows == 0
+        {
+            return Err(format!("block {i} has impossible sizes"));
+        }
+        expected = b
+            .offset
+            .checked_add(BLOCK_CRC_LEN as u64 + b.compressed_len)
+            .filter(|end| *end <= footer_offset)
+            .ok_or_else(|| format!("block {i} runs past the footer"))?;
+        let bfirst = (b.first_namespace.as_str(), b.first_key.as_slice());
+        let blast = (b.last_namespace.as_str(), b.last_key.as_slice());
+        if bfirst > blast || b.ts_min > b.ts_max {
+            return Err(format!("block {i} has reversed ranges"));
+        }
+        if i > 0 {
+            let prev = &f.blocks[i - 1];
+            if (prev.last_namespace.as_str(), prev.last_key.as_slice()) > bfirst {
+                return Err(format!("block {i} starts before block {} ends", i - 1));
+            }
+        }
+        rows = rows.saturating_add(b.rows);
+        ts_min = ts_min.min(b.ts_min);
+        ts_max = ts_max.max(b.ts_max);
+    }
+    if expected != footer_offset {
+        return Err(format!(
+            "blocks end at {expected}, the footer starts at {footer_offset}"
+        ));
+    }
+    if rows != h.rows || (ts_min, ts_max) != (h.ts_min, h.ts_max) {
+        return Err("block index totals differ from the header".into());
+    }
+    Ok(())
+}
