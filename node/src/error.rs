@@ -25,6 +25,10 @@ pub enum Error {
     Config(String),
     #[error(transparent)]
     Api(#[from] stele_proto::Error),
+    #[error("journal: {0}")]
+    Journal(#[from] crate::journal::Error),
+    #[error("segment: {0}")]
+    Segment(#[from] crate::segment::Error),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -47,10 +47,8 @@ pub fn fsync_dir(dir: &Path) -> io::Result<()> {
 pub fn create_dir_durable(dir: &Path) -> io::Result<()> {
     fs::create_dir_all(dir)?;
     fsync_dir(dir)?;
-    if let Some(parent) = dir.parent() {
-        if !parent.as_os_str().is_empty() {
-            fsync_dir(parent)?;
-        }
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        fsync_dir(parent)?;
     }
     Ok(())
 }

@@ -7,6 +7,8 @@
 
 pub mod log_store;
 pub mod network;
+#[cfg(test)]
+mod suite_test;
 
 use std::sync::Arc;
 

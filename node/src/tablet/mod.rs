@@ -115,7 +115,7 @@ impl Tablet {
         let mut segments = Vec::new();
         for seg in &record.segments {
             let path = segment_dir.join(format!("{}.seg", seg.id));
-            let reader = SegmentReader::open(&path).map_err(crate::Error::from)?;
+            let reader = SegmentReader::open_with_id(&path, &seg.id).map_err(crate::Error::from)?;
             segments.push((seg.clone(), Arc::new(reader)));
         }
         seal::remove_orphans(&segment_dir, &record.segments)?;

@@ -59,13 +59,13 @@ fn plan(tablet: &Tablet, data: &TabletData, seal_index: u64) -> Option<Plan> {
         .collect();
     Some(Plan {
         seal_index,
-        header: segment::SegmentHeader::new(
-            tablet.id,
-            tablet.vshard_lo,
-            tablet.vshard_hi,
+        header: segment::SegmentHeader {
+            tablet: tablet.id,
+            vshard_lo: tablet.vshard_lo,
+            vshard_hi: tablet.vshard_hi,
             log_first,
-            seal_index,
-        ),
+            log_last: seal_index,
+        },
         rows,
         add_receipts,
         drop_receipts,
@@ -79,7 +79,7 @@ fn build(tablet: &Tablet, plan: &Plan) -> Result<Option<(SegmentRef, Arc<Segment
     }
     let info = segment::write(&tablet.segment_dir, &plan.header, &plan.rows, &segment::WriteOptions::default())?;
     let path = tablet.segment_dir.join(format!("{}.seg", info.id));
-    let reader = SegmentReader::open(&path)?;
+    let reader = SegmentReader::open_with_id(&path, &info.id)?;
     Ok(Some((
         SegmentRef {
             id: info.id,

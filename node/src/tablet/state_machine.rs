@@ -231,7 +231,7 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
         let mut segments = Vec::new();
         for seg in &snap.segments {
             let path = tablet.segment_dir.join(format!("{}.seg", seg.id));
-            let reader = crate::segment::SegmentReader::open(&path).map_err(io_err)?;
+            let reader = crate::segment::SegmentReader::open_with_id(&path, &seg.id).map_err(io_err)?;
             segments.push((seg.clone(), Arc::new(reader)));
         }
         let mut receipts_mem = super::receipts::Receipts::default();
