@@ -1,3 +1,4 @@
 //! Stele storage node: journal, segments, catalog, tablets and their Raft glue.
 
 pub mod fsutil;
+pub mod journal;
