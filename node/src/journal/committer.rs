@@ -42,7 +42,8 @@ impl Committer {
                 });
                 continue;
             }
-            let opts = &self.shared.opts;
+            let shared = Arc::clone(&self.shared);
+            let opts = &shared.opts;
             let first_bytes = first.bytes.len() as u64;
             if self.len_bytes > HEADER_BYTES as u64
                 && self.len_bytes + first_bytes > opts.file_bytes_max
@@ -63,7 +64,7 @@ impl Committer {
             let deadline = Instant::now() + opts.linger;
             let file_room_bytes = opts.file_bytes_max.saturating_sub(self.len_bytes);
             while group_bytes < opts.group_bytes_max && group_frames < opts.group_frames_max {
-                let next = self.shared.queue.pop_until(deadline, |unit| {
+                let next = shared.queue.pop_until(deadline, |unit| {
                     group_bytes + unit.bytes.len() <= opts.group_bytes_max
                         && group_frames + unit.frames.len() <= opts.group_frames_max
                         && (group_bytes + unit.bytes.len()) as u64 <= file_room_bytes
@@ -78,7 +79,8 @@ impl Committer {
     }
 
     fn commit(&mut self, group: Vec<Unit>, group_bytes: usize) {
-        let opts = &self.shared.opts;
+        let shared = Arc::clone(&self.shared);
+        let opts = &shared.opts;
         if opts.reserve_bytes > 0 {
             match self.free_bytes() {
                 Ok(free_bytes) if free_bytes.saturating_sub(group_bytes as u64) < opts.reserve_bytes => {
@@ -128,14 +130,14 @@ impl Committer {
 
         let base = self.len_bytes;
         self.len_bytes += group_bytes as u64;
-        let counters = &self.shared.counters;
+        let counters = &shared.counters;
         counters.fsyncs.fetch_add(1, Ordering::Relaxed);
         counters.groups.fetch_add(1, Ordering::Relaxed);
         counters.bytes.fetch_add(group_bytes as u64, Ordering::Relaxed);
 
         let mut locations = Vec::with_capacity(group.len());
         {
-            let mut retention = self.shared.retention.lock().expect("retention lock");
+            let mut retention = shared.retention.lock().expect("retention lock");
             let mut offset = base;
             for unit in &group {
                 let mut unit_locations = Vec::with_capacity(unit.frames.len());
