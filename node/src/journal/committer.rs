@@ -45,17 +45,15 @@ impl Committer {
             let shared = Arc::clone(&self.shared);
             let opts = &shared.opts;
             let first_bytes = first.bytes.len() as u64;
-            if self.len_bytes > HEADER_BYTES as u64
-                && self.len_bytes + first_bytes > opts.file_bytes_max
-            {
-                if let Err(e) = self.roll() {
-                    let reason = format!("rolling to journal file {}: {e}", self.seq + 1);
-                    self.stop(&reason);
-                    fail(first, || Error::Stopped {
-                        reason: reason.clone(),
-                    });
-                    continue;
-                }
+            let must_roll = self.len_bytes > HEADER_BYTES as u64
+                && self.len_bytes + first_bytes > opts.file_bytes_max;
+            if must_roll && let Err(e) = self.roll() {
+                let reason = format!("rolling to journal file {}: {e}", self.seq + 1);
+                self.stop(&reason);
+                fail(first, || Error::Stopped {
+                    reason: reason.clone(),
+                });
+                continue;
             }
 
             let mut group_bytes = first.bytes.len();
@@ -83,7 +81,9 @@ impl Committer {
         let opts = &shared.opts;
         if opts.reserve_bytes > 0 {
             match self.free_bytes() {
-                Ok(free_bytes) if free_bytes.saturating_sub(group_bytes as u64) < opts.reserve_bytes => {
+                Ok(free_bytes)
+                    if free_bytes.saturating_sub(group_bytes as u64) < opts.reserve_bytes =>
+                {
                     // Nothing was written, so the file has no gap: refuse this
                     // group and keep running; callers retry when space returns.
                     for unit in group {
@@ -116,7 +116,8 @@ impl Committer {
             )
         });
         let synced = written.and_then(|()| {
-            self.sync().map_err(|e| format!("fdatasync of {} failed: {e}", path.display()))
+            self.sync()
+                .map_err(|e| format!("fdatasync of {} failed: {e}", path.display()))
         });
         if let Err(reason) = synced {
             self.stop(&reason);
@@ -133,7 +134,9 @@ impl Committer {
         let counters = &shared.counters;
         counters.fsyncs.fetch_add(1, Ordering::Relaxed);
         counters.groups.fetch_add(1, Ordering::Relaxed);
-        counters.bytes.fetch_add(group_bytes as u64, Ordering::Relaxed);
+        counters
+            .bytes
+            .fetch_add(group_bytes as u64, Ordering::Relaxed);
 
         let mut locations = Vec::with_capacity(group.len());
         {
@@ -165,7 +168,8 @@ impl Committer {
     fn write(&self, buf: &[u8]) -> io::Result<()> {
         if self.shared.opts.faults.write_fires() {
             // Like a device that accepted part of the write before refusing.
-            self.file.write_all_at(&buf[..buf.len() / 2], self.len_bytes)?;
+            self.file
+                .write_all_at(&buf[..buf.len() / 2], self.len_bytes)?;
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         self.file.write_all_at(buf, self.len_bytes)

@@ -60,10 +60,18 @@ pub enum Error {
     },
 
     #[error("frame payload of {payload_bytes} bytes exceeds frame_payload_bytes_max {max_bytes}")]
-    TooLarge { payload_bytes: usize, max_bytes: usize },
+    TooLarge {
+        payload_bytes: usize,
+        max_bytes: usize,
+    },
 
-    #[error("submission of {unit_bytes} bytes does not fit in one journal file of {file_bytes_max} bytes")]
-    UnitTooLarge { unit_bytes: u64, file_bytes_max: u64 },
+    #[error(
+        "submission of {unit_bytes} bytes does not fit in one journal file of {file_bytes_max} bytes"
+    )]
+    UnitTooLarge {
+        unit_bytes: u64,
+        file_bytes_max: u64,
+    },
 
     #[error("a truncate frame must have an empty payload")]
     TruncatePayload,

@@ -102,10 +102,16 @@ impl fmt::Display for Damage {
                 write!(f, "frame length {payload_bytes} exceeds the payload bound")
             }
             Damage::PastEnd { payload_bytes } => {
-                write!(f, "frame length {payload_bytes} runs past the end of the file")
+                write!(
+                    f,
+                    "frame length {payload_bytes} runs past the end of the file"
+                )
             }
             Damage::Checksum { stored, computed } => {
-                write!(f, "checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")
+                write!(
+                    f,
+                    "checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
+                )
             }
             Damage::UnknownKind { kind } => write!(f, "unknown frame kind {kind}"),
             Damage::NonZeroPad => write!(f, "non-zero pad bytes"),
@@ -265,7 +271,10 @@ mod tests {
         for i in 0..buf.len() {
             let mut damaged = buf.clone();
             damaged[i] ^= 0x01;
-            assert!(verify_frame(&damaged, 1024).is_err(), "byte {i} not covered");
+            assert!(
+                verify_frame(&damaged, 1024).is_err(),
+                "byte {i} not covered"
+            );
         }
     }
 

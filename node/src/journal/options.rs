@@ -52,7 +52,9 @@ impl Options {
             return fail(format!("linger {:?} is above 1 s", self.linger));
         }
         if self.group_bytes_max == 0 || self.group_frames_max == 0 || self.queue_frames_max == 0 {
-            return fail("group_bytes_max, group_frames_max and queue_frames_max must be positive".into());
+            return fail(
+                "group_bytes_max, group_frames_max and queue_frames_max must be positive".into(),
+            );
         }
         if self.frame_payload_bytes_max == 0
             || self.frame_payload_bytes_max > (u32::MAX as usize - FRAME_HEADER_BYTES)
@@ -140,8 +142,10 @@ impl Faults {
     }
 
     pub fn set_free_bytes(&self, free_bytes: Option<u64>) {
-        self.free_bytes_override
-            .store(free_bytes.unwrap_or(Self::FREE_BYTES_REAL), Ordering::SeqCst);
+        self.free_bytes_override.store(
+            free_bytes.unwrap_or(Self::FREE_BYTES_REAL),
+            Ordering::SeqCst,
+        );
     }
 
     /// Counts one sync down; true when this one must fail.

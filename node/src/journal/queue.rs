@@ -94,7 +94,11 @@ impl Queue {
     /// Takes the next unit if one arrives before `deadline` and `fits` it;
     /// None when the deadline passes, the next unit does not fit, or the
     /// queue is closed and empty.
-    pub(crate) fn pop_until(&self, deadline: Instant, fits: impl Fn(&Unit) -> bool) -> Option<Unit> {
+    pub(crate) fn pop_until(
+        &self,
+        deadline: Instant,
+        fits: impl Fn(&Unit) -> bool,
+    ) -> Option<Unit> {
         let mut state = self.state.lock().expect("queue lock");
         loop {
             if let Some(front) = state.units.front() {

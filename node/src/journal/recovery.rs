@@ -19,12 +19,12 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::Location;
 use super::error::{Error, Result};
 use super::format::{
     self, Damage, FrameHeader, FrameKind, HEADER_BYTES, HeaderCheck, encode_file_header,
 };
 use super::retention::Retention;
-use super::Location;
 use crate::fsutil;
 
 /// One valid frame found by recovery: its header fields and where it lies.
