@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use openraft::RaftLogId;
 use openraft::impls::BasicNode;
 use serde::{Deserialize, Serialize};
 use stele_proto::command::{SealReason, TabletCommand};
+use openraft::async_runtime::watch::WatchReceiver;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -109,7 +109,7 @@ pub struct Replica {
 
 impl Replica {
     pub fn is_leader(&self) -> bool {
-        self.raft.metrics().borrow().current_leader == Some(self.replica_id)
+        self.raft.metrics().borrow_watched().current_leader == Some(self.replica_id)
     }
 }
 
@@ -212,7 +212,7 @@ impl Node {
                 .await
                 .map_err(|e| Error::Config(format!("tablet {} raft: {e}", record.id)))?;
             let fresh = log.last_purged_index().is_none()
-                && raft.metrics().borrow().last_log_index.is_none();
+                && raft.metrics().borrow_watched().last_log_index.is_none();
             if fresh {
                 let mut members = BTreeMap::new();
                 members.insert(replica_id, BasicNode::new(options.advertise.clone()));
@@ -266,7 +266,7 @@ impl Node {
         for r in self.replicas.values() {
             r.raft
                 .wait(Some(timeout))
-                .metrics(|m| m.current_leader.is_some() && m.last_applied >= m.committed, "leader")
+                .metrics(|m| m.current_leader.is_some() && m.last_applied >= m.local_committed, "leader")
                 .await
                 .map_err(|e| Error::Config(format!("tablet {} not ready: {e}", r.tablet.id)))?;
         }

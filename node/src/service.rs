@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use openraft::ReadPolicy;
+use openraft::async_runtime::watch::WatchReceiver;
 use serde::{Deserialize, Serialize};
 use stele_proto::command::{AppendBatch, Expect, Pos, RecordIn, TabletCommand, TabletResponse, batch_id_halves};
 use stele_proto::limits;
@@ -51,7 +52,7 @@ fn invalid(field: &str, reason: impl Into<String>) -> ApiError {
 }
 
 pub fn descriptor(node: &Node, r: &Replica) -> pb::TabletDescriptor {
-    let metrics = r.raft.metrics().borrow().clone();
+    let metrics = r.raft.metrics().borrow_watched().clone();
     let data = r.tablet.read();
     let leader = metrics.current_leader;
     pb::TabletDescriptor {
@@ -137,7 +138,7 @@ impl DataService {
     }
 
     fn not_leader(&self, r: &Replica) -> ApiError {
-        let leader = r.raft.metrics().borrow().current_leader;
+        let leader = r.raft.metrics().borrow_watched().current_leader;
         ApiError::NotLeader {
             leader_node: leader.map(|_| self.node.options.node_id),
             leader_endpoint: String::new(),
@@ -210,7 +211,7 @@ impl DataService {
             }
             None => None,
         };
-        if let Some(reason) = self.node.journal.stopped_reason() {
+        if let Some(reason) = self.node.journal.stats().stopped {
             return Err(ApiError::Unavailable {
                 reason: format!("journal stopped: {reason}"),
             });

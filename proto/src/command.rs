@@ -104,6 +104,28 @@ pub enum TabletResponse {
     None,
 }
 
+impl std::fmt::Display for TabletCommand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TabletCommand::Append(b) => write!(
+                f,
+                "Append({} records, ns {}, batch {:016x}{:016x})",
+                b.records.len(),
+                b.namespace,
+                b.batch_id[0],
+                b.batch_id[1]
+            ),
+            TabletCommand::Seal { reason } => write!(f, "Seal({reason:?})"),
+        }
+    }
+}
+
+impl std::fmt::Display for TabletResponse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+
 /// Splits a 128-bit batch id into the halves stored in the log.
 pub fn batch_id_halves(id: u128) -> [u64; 2] {
     [(id >> 64) as u64, id as u64]

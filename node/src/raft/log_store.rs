@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use openraft::entry::RaftEntry;
 use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
-use openraft::{OptionalSend, RaftLogId};
+use openraft::OptionalSend;
 use serde::{Deserialize, Serialize};
 
 use super::{Entry, LogId, TabletConfig, Vote, decode, encode, io_err};
@@ -143,6 +143,8 @@ impl LogStore {
         }
         if let Some(p) = purged_index {
             idx.entries = idx.entries.split_off(&(p + 1));
+            // The journal keeps trim points in memory only.
+            journal.set_trim_point(tablet, p);
         }
         Ok((
             LogStore {

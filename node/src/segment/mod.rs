@@ -34,9 +34,10 @@ pub use reader::SegmentReader;
 pub use writer::encode;
 
 /// One record as stored in a segment. Its position is `(tablet, index, slot)`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Row {
     pub namespace: String,
+    #[serde(with = "serde_bytes")]
     pub key: Vec<u8>,
     /// Microseconds.
     pub ts: u64,
@@ -44,6 +45,7 @@ pub struct Row {
     pub index: u64,
     /// Position within the batch.
     pub slot: u32,
+    #[serde(with = "serde_bytes")]
     pub value: Vec<u8>,
 }
 

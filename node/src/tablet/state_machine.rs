@@ -267,11 +267,11 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
         // The unsealed rows of the snapshot exist nowhere durable on this
         // replica once openraft purges the log up to the snapshot: seal them
         // here, at the snapshot's index, before reporting success.
-        let seal_index = applied.as_ref().map_or(0, |l| l.index());
-        if !memtable.is_empty() || seal_index > data.checkpoint {
+        let seal_at = applied.clone().filter(|l| !memtable.is_empty() || l.index() > data.checkpoint);
+        if let Some(seal_log_id) = seal_at {
             data.frozen.push(Frozen {
-                seal_index,
-                seal_log_id: applied.clone().unwrap_or_default(),
+                seal_index: seal_log_id.index(),
+                seal_log_id,
                 membership,
                 memtable,
             });
