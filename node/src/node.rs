@@ -87,6 +87,14 @@ impl NodeOptions {
             ));
         }
         self.journal.validate().map_err(Error::from)?;
+        // A whole batch is one journal frame; leave room for its encoding.
+        let frame_need = self.batch_bytes_max + self.batch_records_max * 64 + 4096;
+        if frame_need > self.journal.frame_payload_bytes_max {
+            return Err(Error::Config(format!(
+                "batch_bytes_max {} (+ encoding) exceeds the journal frame limit {}",
+                self.batch_bytes_max, self.journal.frame_payload_bytes_max
+            )));
+        }
         crate::raft::tablet_config(&self.raft)?;
         Ok(())
     }
@@ -130,6 +138,8 @@ pub struct Node {
     pub replicas: BTreeMap<u64, Arc<Replica>>,
     pub stats: NodeStats,
     cancel: CancellationToken,
+    /// Background tasks (seal worker, policy), joined on shutdown.
+    tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 fn now_us() -> u64 {
@@ -207,12 +217,11 @@ impl Node {
             stats.replayed_frames.fetch_add(replay.frames_read, Ordering::Relaxed);
             stats.skipped_frames.fetch_add(replay.frames_skipped, Ordering::Relaxed);
             let replica_id = record.replica_id;
+            let fresh = record.checkpoint == 0 && log.is_empty();
             let sm = StateMachine::new(tablet.clone(), seal_tx.clone());
             let raft = TabletRaft::new(replica_id, config.clone(), NoPeers, log.clone(), sm)
                 .await
                 .map_err(|e| Error::Config(format!("tablet {} raft: {e}", record.id)))?;
-            let fresh = log.last_purged_index().is_none()
-                && raft.metrics().borrow_watched().last_log_index.is_none();
             if fresh {
                 let mut members = BTreeMap::new();
                 members.insert(replica_id, BasicNode::new(options.advertise.clone()));
@@ -241,9 +250,13 @@ impl Node {
             replicas,
             stats,
             cancel: CancellationToken::new(),
+            tasks: Default::default(),
         });
-        tokio::spawn(seal_worker(node.clone(), seal_rx));
-        tokio::spawn(policy_loop(node.clone()));
+        let tasks = vec![
+            tokio::spawn(seal_worker(node.clone(), seal_rx)),
+            tokio::spawn(policy_loop(node.clone())),
+        ];
+        *node.tasks.lock().expect("lock poisoned") = tasks;
         Ok(node)
     }
 
@@ -266,7 +279,13 @@ impl Node {
         for r in self.replicas.values() {
             r.raft
                 .wait(Some(timeout))
-                .metrics(|m| m.current_leader.is_some() && m.last_applied >= m.local_committed, "leader")
+                .metrics(
+                    |m| {
+                        m.current_leader.is_some()
+                            && m.last_applied.as_ref().map(|l| l.index()) >= m.last_log_index
+                    },
+                    "leader elected and log applied",
+                )
                 .await
                 .map_err(|e| Error::Config(format!("tablet {} not ready: {e}", r.tablet.id)))?;
         }
@@ -290,6 +309,10 @@ impl Node {
     /// Stops background work and every Raft group, and flushes the journal.
     pub async fn shutdown(&self) {
         self.cancel.cancel();
+        let tasks = std::mem::take(&mut *self.tasks.lock().expect("lock poisoned"));
+        for t in tasks {
+            let _ = t.await;
+        }
         for r in self.replicas.values() {
             let _ = r.raft.shutdown().await;
         }
@@ -333,7 +356,13 @@ async fn seal_worker(node: Arc<Node>, mut rx: mpsc::UnboundedReceiver<(Arc<Table
         match result {
             Ok(Ok(Some(checkpoint))) => {
                 if let Some(r) = node.replica(tablet.id).cloned() {
-                    tokio::spawn(purge_after_snapshot(r, checkpoint));
+                    let cancel = node.cancel.clone();
+                    tokio::spawn(async move {
+                        tokio::select! {
+                            _ = cancel.cancelled() => {}
+                            _ = purge_after_snapshot(r, checkpoint) => {}
+                        }
+                    });
                 }
             }
             Ok(Ok(None)) => {}

@@ -183,6 +183,12 @@ impl LogStore {
         }
     }
 
+    /// True for a log that never held anything: no entry, no purge, no vote.
+    pub fn is_empty(&self) -> bool {
+        let idx = self.lock();
+        idx.entries.is_empty() && idx.last_purged.is_none() && idx.vote.is_none()
+    }
+
     /// Index of the last purged entry, if any.
     pub fn last_purged_index(&self) -> Option<u64> {
         self.lock().last_purged.as_ref().map(|l| l.index())

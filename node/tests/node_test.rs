@@ -1,0 +1,371 @@
+//! A node in-process, driven through its gRPC API: appends, conditions,
+//! idempotent retries, bad input, seals and restarts.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use stele_node::{Node, NodeOptions};
+use stele_proto::pb::data_client::DataClient;
+use stele_proto::{Error as ApiError, pb, vshard};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+struct Running {
+    node: Arc<Node>,
+    client: DataClient<Channel>,
+    cancel: CancellationToken,
+    server: tokio::task::JoinHandle<stele_node::Result<()>>,
+}
+
+fn options(dir: &std::path::Path) -> NodeOptions {
+    let mut o = NodeOptions::new(dir.to_path_buf());
+    o.initial_tablets = 4;
+    o.tablet.memtable_bytes_max = 64 * 1024;
+    o.journal.frame_payload_bytes_max = 2 << 20;
+    o.journal.file_bytes_max = 4 << 20;
+    o.batch_bytes_max = 3 << 19;
+    o.batch_records_max = 1000;
+    o.journal.reserve_bytes = 0;
+    o.disk_reserve_bytes = 0;
+    o.policy_interval = Duration::from_millis(50);
+    o.raft.heartbeat_ms = 100;
+    o.raft.election_timeout_min_ms = 300;
+    o.raft.election_timeout_max_ms = 600;
+    o
+}
+
+async fn start(opts: NodeOptions) -> Running {
+    let node = Node::open(opts).await.expect("open node");
+    node.wait_ready(Duration::from_secs(20)).await.expect("ready");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let cancel = CancellationToken::new();
+    let server = tokio::spawn(stele_node::service::serve_on(node.clone(), listener, cancel.clone()));
+    let client = loop {
+        match DataClient::connect(format!("http://{addr}")).await {
+            Ok(c) => break c,
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    };
+    Running {
+        node,
+        client,
+        cancel,
+        server,
+    }
+}
+
+impl Running {
+    async fn stop(self) {
+        self.cancel.cancel();
+        let _ = self.server.await;
+        self.node.shutdown().await;
+    }
+
+    async fn tablets(&mut self) -> Vec<pb::TabletDescriptor> {
+        self.client
+            .list_tablets(pb::ListTabletsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .tablets
+    }
+
+    async fn route(&mut self, ns: &str, key: &[u8]) -> pb::TabletDescriptor {
+        let v = vshard::vshard(ns, key);
+        self.tablets()
+            .await
+            .into_iter()
+            .find(|t| v >= t.vshard_lo && u64::from(v) < t.vshard_hi)
+            .unwrap()
+    }
+
+    async fn append(
+        &mut self,
+        ns: &str,
+        batch_id: u128,
+        records: Vec<(&[u8], u64, Vec<u8>)>,
+        expect: Option<pb::Condition>,
+    ) -> Result<pb::AppendResponse, ApiError> {
+        let t = self.route(ns, records[0].0).await;
+        let req = pb::AppendRequest {
+            tablet: t.id,
+            generation: t.generation,
+            batch_id: batch_id.to_be_bytes().to_vec(),
+            namespace: ns.to_string(),
+            records: records
+                .into_iter()
+                .map(|(k, ts, v)| pb::Record {
+                    key: k.to_vec(),
+                    ts,
+                    value: v,
+                    routing_key: None,
+                })
+                .collect(),
+            expect,
+        };
+        self.client
+            .append(req)
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| ApiError::from_status(&s))
+    }
+
+    async fn scan_key(&mut self, ns: &str, key: &[u8]) -> Vec<pb::Row> {
+        let mut out = Vec::new();
+        let mut cursor = Vec::new();
+        loop {
+            let resp = self
+                .client
+                .scan_key(pb::ScanKeyRequest {
+                    namespace: ns.into(),
+                    key: key.to_vec(),
+                    limit: 7,
+                    cursor: cursor.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            out.extend(resp.rows);
+            if resp.next_cursor.is_empty() {
+                return out;
+            }
+            cursor = resp.next_cursor;
+        }
+    }
+
+    async fn scan(&mut self, ns: &str) -> Vec<pb::Row> {
+        let mut out = Vec::new();
+        let mut cursor = Vec::new();
+        loop {
+            let resp = self
+                .client
+                .scan(pb::ScanRequest {
+                    namespace: ns.into(),
+                    limit: 50,
+                    cursor: cursor.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            out.extend(resp.rows);
+            if resp.next_cursor.is_empty() {
+                return out;
+            }
+            cursor = resp.next_cursor;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_seal_and_survive_restart_replaying_only_the_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = start(options(dir.path())).await;
+    let value = vec![7u8; 1000];
+    // Enough to seal each tablet's 64 KiB memtable several times.
+    for i in 0..400u64 {
+        let key = format!("k{}", i % 20);
+        r.append("acme/web", 1000 + u128::from(i), vec![(key.as_bytes(), i, value.clone())], None)
+            .await
+            .unwrap();
+    }
+    // Wait for the policy to seal what is over the threshold.
+    let mut sealed = 0;
+    for _ in 0..100 {
+        sealed = r.tablets().await.iter().map(|t| t.segments).sum::<u32>();
+        if sealed >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(sealed >= 3, "expected seals, got {sealed} segments");
+    let before = r.scan("acme/web").await;
+    assert_eq!(before.len(), 400);
+    assert_eq!(r.scan_key("acme/web", b"k3").await.len(), 20);
+    let status = r.client.status(pb::StatusRequest {}).await.unwrap().into_inner();
+    assert_eq!(status.records_appended, 400);
+    r.stop().await;
+
+    let mut r = start(options(dir.path())).await;
+    let after = r.scan("acme/web").await;
+    assert_eq!(after, before, "rows changed across restart");
+    let replayed = r.node.stats.replayed_frames.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!("replayed {replayed} skipped {}", r.node.stats.skipped_frames.load(std::sync::atomic::Ordering::Relaxed));
+    assert!(replayed < 400, "restart replayed {replayed} frames: the whole history, not the tail");
+    // A retry of a batch applied before the restart is a duplicate.
+    let dup = r
+        .append("acme/web", 1000, vec![(b"k0", 0, value.clone())], None)
+        .await
+        .unwrap();
+    assert!(dup.duplicate);
+    assert_eq!(r.scan_key("acme/web", b"k0").await.len(), 20);
+    r.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_batch_applies_once_and_conditions_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = start(options(dir.path())).await;
+    let first = r
+        .append("a/b", 1, vec![(b"x", 10, b"one".to_vec()), (b"x", 11, b"two".to_vec())], None)
+        .await
+        .unwrap();
+    assert!(!first.duplicate);
+    let again = r
+        .append("a/b", 1, vec![(b"x", 10, b"one".to_vec()), (b"x", 11, b"two".to_vec())], None)
+        .await
+        .unwrap();
+    assert!(again.duplicate);
+    assert_eq!(again.positions, first.positions);
+    assert_eq!(r.scan_key("a/b", b"x").await.len(), 2);
+
+    let version = first.positions[1];
+    // Right version: applies.
+    let ok = r
+        .append(
+            "a/b",
+            2,
+            vec![(b"x", 12, b"three".to_vec())],
+            Some(pb::Condition {
+                key: b"x".to_vec(),
+                version: Some(version),
+            }),
+        )
+        .await
+        .unwrap();
+    // Stale version: fails with the actual one, applies nothing.
+    let err = r
+        .append(
+            "a/b",
+            3,
+            vec![(b"x", 13, b"four".to_vec())],
+            Some(pb::Condition {
+                key: b"x".to_vec(),
+                version: Some(version),
+            }),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ApiError::ConditionFailed {
+            actual: Some(ok.positions[0])
+        }
+    );
+    // "Must not exist" on an existing key fails; on a new key holds.
+    let err = r
+        .append("a/b", 4, vec![(b"x", 14, vec![])], Some(pb::Condition { key: b"x".to_vec(), version: None }))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ApiError::ConditionFailed { .. }));
+    r.append("a/b", 5, vec![(b"y", 14, vec![])], Some(pb::Condition { key: b"y".to_vec(), version: None }))
+        .await
+        .unwrap();
+    assert_eq!(r.scan_key("a/b", b"x").await.len(), 3);
+    let got = r
+        .client
+        .get(pb::GetRequest {
+            namespace: "a/b".into(),
+            key: b"x".to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.row.unwrap().value, b"three");
+    r.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_with_typed_errors_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = start(options(dir.path())).await;
+    let applied_before: u64 = r.tablets().await.iter().map(|t| t.applied_index).sum();
+    let big_value = vec![0u8; 1024 * 1024 + 1];
+    let err = r.append("a/b", 1, vec![(b"k", 1, big_value)], None).await.unwrap_err();
+    assert!(matches!(err, ApiError::TooLarge { .. }), "{err:?}");
+    let err = r
+        .append("a/b", 2, vec![(b"k", 1, vec![0; 1024 * 1024]); 9], None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ApiError::TooLarge { .. }), "{err:?}");
+    let big_key = vec![b'k'; 4097];
+    let t = r.route("a/b", b"k").await;
+    let bad = |f: &dyn Fn(&mut pb::AppendRequest)| {
+        let mut req = pb::AppendRequest {
+            tablet: t.id,
+            generation: t.generation,
+            batch_id: vec![0; 16],
+            namespace: "a/b".into(),
+            records: vec![pb::Record {
+                key: b"k".to_vec(),
+                ts: 1,
+                value: vec![],
+                routing_key: None,
+            }],
+            expect: None,
+        };
+        f(&mut req);
+        req
+    };
+    let cases: Vec<(pb::AppendRequest, &str)> = vec![
+        (bad(&|r| r.records[0].key.clear()), "InvalidArgument"),
+        (bad(&|r| r.records[0].key = big_key.clone()), "TooLarge"),
+        (bad(&|r| r.namespace = "no-slash".into()), "InvalidArgument"),
+        (bad(&|r| r.namespace = "a/b/c".into()), "InvalidArgument"),
+        (bad(&|r| r.batch_id = vec![1; 3]), "InvalidArgument"),
+        (bad(&|r| r.records.clear()), "InvalidArgument"),
+        (bad(&|r| r.generation += 1), "StaleRoute"),
+        (bad(&|r| r.tablet = 999), "TabletNotFound"),
+    ];
+    for (req, want) in cases {
+        let err = ApiError::from_status(&r.client.append(req).await.unwrap_err());
+        let got = format!("{err:?}");
+        assert!(got.starts_with(want), "want {want}, got {got}");
+    }
+    // A record routed to the wrong tablet: StaleRoute with the descriptor.
+    let other = r.tablets().await.into_iter().find(|x| x.id != t.id).unwrap();
+    let mut req = bad(&|_| {});
+    req.tablet = other.id;
+    req.generation = other.generation;
+    let err = ApiError::from_status(&r.client.append(req).await.unwrap_err());
+    assert!(matches!(err, ApiError::StaleRoute { descriptor } if descriptor.id == other.id));
+    // Garbage cursor.
+    let err = r
+        .client
+        .scan(pb::ScanRequest {
+            namespace: "a/b".into(),
+            cursor: vec![0xff, 0x00, 0x13],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(ApiError::from_status(&err), ApiError::InvalidArgument { .. }));
+    let applied_after: u64 = r.tablets().await.iter().map(|t| t.applied_index).sum();
+    assert_eq!(applied_after, applied_before, "a refused request reached a tablet log");
+    r.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storage_full_refuses_writes_keeps_reads_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(dir.path());
+    let free = stele_node::fsutil::free_bytes(dir.path()).unwrap();
+    let mut r = start(opts.clone()).await;
+    r.append("a/b", 1, vec![(b"k", 1, b"v".to_vec())], None).await.unwrap();
+    r.stop().await;
+    // A reserve above the free space: the node must refuse before writing.
+    opts.disk_reserve_bytes = free + (1 << 30);
+    let mut r = start(opts.clone()).await;
+    let err = r.append("a/b", 2, vec![(b"k", 2, b"v".to_vec())], None).await.unwrap_err();
+    assert!(matches!(err, ApiError::StorageFull { .. }), "{err:?}");
+    assert_eq!(r.scan_key("a/b", b"k").await.len(), 1, "reads must still work");
+    r.stop().await;
+    opts.disk_reserve_bytes = 0;
+    let mut r = start(opts).await;
+    r.append("a/b", 2, vec![(b"k", 2, b"v".to_vec())], None).await.unwrap();
+    assert_eq!(r.scan_key("a/b", b"k").await.len(), 2);
+    r.stop().await;
+}
