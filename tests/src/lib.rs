@@ -1,1 +1,138 @@
-//! Multi-process integration tests of whole cells live in `tests/tests/`.
+//! Helpers for multi-process tests: start real `stele` processes on
+//! loopback, find their endpoints, kill them.
+//!
+//! The binary is `target/<profile>/stele` of this workspace (build it first:
+//! `scripts/test` does), or `$STELE_BIN`.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// Path of the `stele` binary under test.
+pub fn stele_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("STELE_BIN") {
+        return PathBuf::from(p);
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root.join("target"));
+    for profile in ["debug", "release"] {
+        let p = target.join(profile).join("stele");
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!(
+        "no stele binary under {}; run `cargo build --bin stele` (scripts/test does) or set STELE_BIN",
+        target.display()
+    );
+}
+
+/// A running `stele` process.
+pub struct Proc {
+    pub child: Child,
+    pub endpoint: String,
+    /// Lines the process printed on stderr (collected in the background).
+    pub stderr: mpsc::Receiver<String>,
+}
+
+impl Proc {
+    /// Starts `stele <args>` and waits for its "listening on" line.
+    pub fn start(args: &[&str], envs: &[(&str, &str)]) -> Result<Proc, String> {
+        let mut cmd = Command::new(stele_bin());
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().map_err(|e| format!("spawn stele: {e}"))?;
+        let stdout = child.stdout.take().expect("piped stdout");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let (err_tx, err_rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if err_tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        loop {
+            match rx.recv_timeout(Duration::from_secs(60)) {
+                Ok(line) => {
+                    if let Some(rest) = line.split("listening on ").nth(1) {
+                        let endpoint = rest.split_whitespace().next().unwrap_or_default().to_string();
+                        return Ok(Proc {
+                            child,
+                            endpoint,
+                            stderr: err_rx,
+                        });
+                    }
+                }
+                Err(_) => {
+                    let _ = child.kill();
+                    let status = child.wait().ok();
+                    let err: Vec<String> = err_rx.try_iter().collect();
+                    return Err(format!(
+                        "stele did not come up (exit {status:?}); stderr:\n{}",
+                        err.join("\n")
+                    ));
+                }
+            }
+        }
+    }
+
+    /// SIGKILL, then reap.
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then wait for exit.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        send_signal(self.child.id(), libc::SIGTERM);
+        self.child.wait().expect("wait")
+    }
+
+    /// Everything printed on stderr so far.
+    pub fn stderr_lines(&self) -> Vec<String> {
+        self.stderr.try_iter().collect()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[allow(unsafe_code)]
+fn send_signal(pid: u32, sig: i32) {
+    // SAFETY: kill(2) with a pid of a child we own; no memory is touched.
+    unsafe {
+        libc::kill(pid as i32, sig);
+    }
+}
+
+/// Runs `stele <args>` to completion and returns (success, stdout, stderr).
+pub fn run(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(stele_bin()).args(args).output().expect("run stele");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}

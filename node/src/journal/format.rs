@@ -1,4 +1,4 @@
-//! Byte layout of journal files, mirrored in `FORMAT.md` (section "Journal").
+//! Byte layout of journal files, mirrored in `docs/FORMAT.md` (section 3).
 //!
 //! ```text
 //! file   := header frame*

@@ -11,8 +11,8 @@
 //!
 //! Thousands of tablets share one file set so that one fsync covers the
 //! frames of many tablets (DESIGN.md section 5, step 3). Only this module
-//! calls fsync on journal files. The byte layout is in `FORMAT.md` beside
-//! this file and in `format.rs`.
+//! calls fsync on journal files. The byte layout is in `docs/FORMAT.md`
+//! (section 3) and mirrored in `format.rs`.
 //!
 //! After `open`, the journal keeps no trim points: the owner sets them from
 //! its catalog (`set_trim_point`) and forgets tablets the node no longer

@@ -1,4 +1,4 @@
-//! Segment format version 1: named offsets and limits mirroring `FORMAT.md`,
+//! Segment format version 1: named offsets and limits mirroring `docs/FORMAT.md` (section 5),
 //! the CBOR header and footer records, and the varint used inside blocks.
 //!
 //! ```text

@@ -14,7 +14,7 @@
 //! the options: no clock, no randomness, no hash-map order, zstd at a fixed
 //! level, CBOR with definite lengths and fixed field order. The segment id is
 //! the lowercase hex of xxh3-128 over the complete file, so replicas agree on
-//! it. The byte layout is in `FORMAT.md` beside this file and mirrored by the
+//! it. The byte layout is in `docs/FORMAT.md` (section 5) and mirrored by the
 //! constants in [`format`].
 
 mod block;
