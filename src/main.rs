@@ -87,6 +87,12 @@ struct Tuning {
     /// Group-commit linger, in microseconds.
     #[arg(long, default_value_t = 2000)]
     linger_us: u64,
+    /// Largest batch (keys + values) one append may carry.
+    #[arg(long, default_value_t = stele_proto::limits::BATCH_BYTES_MAX_DEFAULT)]
+    batch_bytes_max: usize,
+    /// Tablet election timeout (minimum; the maximum is twice it), in ms.
+    #[arg(long, default_value_t = 3000)]
+    election_timeout_ms: u64,
 }
 
 fn node_options(data_dir: PathBuf, node_id: u64, tablets: u32, advertise: String, t: &Tuning) -> NodeOptions {
@@ -101,6 +107,12 @@ fn node_options(data_dir: PathBuf, node_id: u64, tablets: u32, advertise: String
     o.journal.faults = stele_node::journal::Faults::from_env();
     o.journal_retained_bytes_max = t.journal_retained_bytes_max;
     o.disk_reserve_bytes = t.disk_reserve_bytes;
+    o.batch_bytes_max = t.batch_bytes_max;
+    // One batch is one journal frame: size the frame limit from the batch.
+    o.journal.frame_payload_bytes_max = t.batch_bytes_max + o.batch_records_max * 64 + 64 * 1024;
+    o.raft.election_timeout_min_ms = t.election_timeout_ms;
+    o.raft.election_timeout_max_ms = t.election_timeout_ms * 2;
+    o.raft.heartbeat_ms = (t.election_timeout_ms / 6).max(50);
     o
 }
 

@@ -228,6 +228,13 @@ impl Node {
                 raft.initialize(members)
                     .await
                     .map_err(|e| Error::Config(format!("initialize tablet {}: {e}", record.id)))?;
+            } else if tablet.read().membership.membership().voter_ids().eq([replica_id])
+                || sole_voter_in_log(&raft, replica_id)
+            {
+                // A group whose only voter is this replica cannot lose an
+                // election: hold it now instead of after the election timeout,
+                // so a restarted single-node cell serves at once.
+                let _ = raft.trigger().elect(false).await;
             }
             replicas.insert(
                 record.id,
@@ -318,6 +325,13 @@ impl Node {
         }
         self.journal.shutdown();
     }
+}
+
+/// True when openraft's effective membership (from the log or the state
+/// machine) has exactly one voter: `me`.
+fn sole_voter_in_log(raft: &TabletRaft, me: u64) -> bool {
+    let m = raft.metrics().borrow_watched().membership_config.clone();
+    m.membership().voter_ids().eq([me])
 }
 
 /// Creates the tablets of a new single-node cell: `n` even vshard ranges.

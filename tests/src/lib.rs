@@ -84,7 +84,11 @@ impl Proc {
                 Err(_) => {
                     let _ = child.kill();
                     let status = child.wait().ok();
-                    let err: Vec<String> = err_rx.try_iter().collect();
+                    // The process is gone: read its stderr to the end.
+                    let mut err = Vec::new();
+                    while let Ok(line) = err_rx.recv_timeout(Duration::from_secs(5)) {
+                        err.push(line);
+                    }
                     return Err(format!(
                         "stele did not come up (exit {status:?}); stderr:\n{}",
                         err.join("\n")
