@@ -21,18 +21,16 @@ async fn restart_replays_only_the_unsealed_tail() {
     let proc = Proc::start(&args, &[]).unwrap();
     let client = Client::connect(&proc.endpoint, ClientOptions::default()).await.unwrap();
     let value = vec![0xabu8; 64 * 1024];
-    let batches = 50u64;
-    let per_batch = 64u64; // 4 MiB per batch; 200 MiB in all
+    // 4 writers x 50 calls x 16 records x 64 KiB = 200 MiB.
     let mut tasks = Vec::new();
     for t in 0..4u64 {
         let client = client.clone();
         let value = value.clone();
         tasks.push(tokio::spawn(async move {
-            for b in 0..batches / 4 + 1 {
-                let records: Vec<pb::Record> = (0..per_batch / 4)
+            for b in 0..50u64 {
+                let records: Vec<pb::Record> = (0..16)
                     .map(|i| stele_client::record(format!("t{t}-b{b}-{i}"), b, value.clone()))
                     .collect();
-                // Spread over tablets: one batch per tablet per key.
                 client.append("restart/ns", records).await.unwrap();
             }
         }));
