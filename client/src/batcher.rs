@@ -202,6 +202,8 @@ impl Batcher {
             })
             .await
             .map_err(|_| Error::Closed)?;
+            // Release the sender while waiting, so `close` can end the queue.
+            drop(tx);
             rx.await.map_err(|_| Error::Closed)?
         }
     }

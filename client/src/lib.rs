@@ -19,6 +19,8 @@
 
 pub mod batcher;
 pub mod error;
+#[cfg(feature = "fake")]
+pub mod fake;
 pub mod retry;
 pub mod routes;
 
