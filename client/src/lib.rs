@@ -284,7 +284,7 @@ impl Client {
 
     /// Status and counters of the seed node.
     pub async fn status(&self) -> Result<StatusResponse> {
-        self.status_at(&self.inner.seed.clone()).await
+        self.status_at(&self.inner.seed).await
     }
 
     /// Status and counters of any node.
