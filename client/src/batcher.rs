@@ -104,10 +104,10 @@ impl<T> Coalescer<T> {
     /// the item if it reached a limit.
     pub fn push(&mut self, key: GroupKey, item: T, bytes: usize, now: Instant) -> Vec<Flush<T>> {
         let mut out = Vec::new();
-        if let Some(g) = self.groups.get(&key) {
-            if g.bytes + bytes > self.bytes_max {
-                out.extend(self.take(&key));
-            }
+        if let Some(g) = self.groups.get(&key)
+            && g.bytes + bytes > self.bytes_max
+        {
+            out.extend(self.take(&key));
         }
         let g = self.groups.entry(key.clone()).or_insert_with(|| Group {
             items: Vec::new(),

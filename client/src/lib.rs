@@ -569,10 +569,8 @@ impl Client {
             }
             _ => true,
         };
-        if refresh {
-            if let Err(e) = self.refresh_routes().await {
-                tracing::debug!(error = %e, "route refresh failed");
-            }
+        if refresh && let Err(e) = self.refresh_routes().await {
+            tracing::debug!(error = %e, "route refresh failed");
         }
     }
 

@@ -340,19 +340,20 @@ async fn batcher_coalesces_concurrent_appends() {
     let unique: std::collections::HashSet<_> =
         positions.iter().map(|p| (p.index, p.slot)).collect();
     assert_eq!(unique.len(), 200, "every record got its own position");
-    let s = node.lock();
-    assert!(
-        s.append_requests <= 8,
-        "{} requests for 200 records",
-        s.append_requests
-    );
-    assert!(
-        s.batch_sizes.iter().all(|&n| n <= 64),
-        "{:?}",
-        s.batch_sizes
-    );
-    assert_eq!(s.rows.len(), 200);
-    drop(s);
+    {
+        let s = node.lock();
+        assert!(
+            s.append_requests <= 8,
+            "{} requests for 200 records",
+            s.append_requests
+        );
+        assert!(
+            s.batch_sizes.iter().all(|&n| n <= 64),
+            "{:?}",
+            s.batch_sizes
+        );
+        assert_eq!(s.rows.len(), 200);
+    }
     // A bad record fails alone, before the queue.
     let err = batcher.append(NS, record("", 1, "v")).await.unwrap_err();
     assert_eq!(err.kind(), stele_proto::ErrorKind::Refuse);
