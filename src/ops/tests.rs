@@ -1,0 +1,222 @@
+//! The subcommands against the client's in-memory fake node.
+
+use std::time::Duration;
+
+use stele_client::fake::{FakeNode, Fault};
+
+use super::*;
+
+#[test]
+fn durations() {
+    let ms = Duration::from_millis;
+    let cases = [
+        ("10s", Some(ms(10_000))),
+        ("500ms", Some(ms(500))),
+        ("2m", Some(ms(120_000))),
+        ("1h", Some(ms(3_600_000))),
+        ("1.5s", Some(ms(1500))),
+        ("7", Some(ms(7000))),
+        (" 3s ", Some(ms(3000))),
+        ("", None),
+        ("s", None),
+        ("10x", None),
+        ("-1s", None),
+    ];
+    for (input, want) in cases {
+        assert_eq!(parse_duration(input).ok(), want, "{input:?}");
+    }
+}
+
+#[test]
+fn table_and_json_lines() {
+    let rows = vec![
+        Row {
+            key: b"k1".to_vec(),
+            ts: 5,
+            value: b"hello".to_vec(),
+            position: Some(Position {
+                tablet: 1,
+                index: 2,
+                slot: 3,
+            }),
+        },
+        Row {
+            key: b"longer-key".to_vec(),
+            ts: 12345,
+            value: vec![0xff, b'\n'],
+            position: None,
+        },
+    ];
+    let table = format_table(&rows);
+    let want = "\
+TS     KEY         VALUE  POSITION
+5      k1          hello  1:2:3
+12345  longer-key  \u{fffd}\\n    -
+";
+    assert_eq!(table, want);
+    let j = row_json(&rows[0]);
+    assert_eq!(
+        j,
+        serde_json::json!({"ts": 5, "key": "k1", "value": "hello",
+            "position": {"tablet": 1, "index": 2, "slot": 3}})
+    );
+}
+
+#[test]
+fn bench_json_has_exactly_the_documented_fields() {
+    let report = BenchReport {
+        records_per_s: 1.0,
+        mb_per_s: 1.0,
+        requests_per_s: 1.0,
+        p50_ms: 1.0,
+        p99_ms: 1.0,
+        p999_ms: 1.0,
+        fsyncs_per_s: 1.0,
+        records_per_fsync: 1.0,
+        records_acked: 1,
+        errors: 0,
+        concurrency: 1,
+        record_bytes: 1,
+        batch_records: 1,
+        duration_s: 1.0,
+    };
+    let v = serde_json::to_value(&report).unwrap();
+    let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    keys.sort();
+    let mut want = vec![
+        "records_per_s",
+        "mb_per_s",
+        "requests_per_s",
+        "p50_ms",
+        "p99_ms",
+        "p999_ms",
+        "fsyncs_per_s",
+        "records_per_fsync",
+        "records_acked",
+        "errors",
+        "concurrency",
+        "record_bytes",
+        "batch_records",
+        "duration_s",
+    ];
+    want.sort();
+    assert_eq!(keys, want);
+}
+
+fn bench_args(endpoint: &str) -> BenchArgs {
+    BenchArgs {
+        endpoint: endpoint.into(),
+        concurrency: 4,
+        record_bytes: 64,
+        batch_records: 8,
+        duration: None,
+        namespaces: 3,
+        json: true,
+        fsync_probe: None,
+    }
+}
+
+#[tokio::test]
+async fn bench_against_a_fake_node() {
+    let node = FakeNode::one_tablet();
+    let endpoint = node.serve().await.unwrap();
+    let report = bench(&bench_args(&endpoint), Duration::from_millis(300))
+        .await
+        .unwrap();
+    let s = node.lock();
+    assert_eq!(report.records_acked, s.rows.len() as u64);
+    assert_eq!(report.records_acked % 8, 0);
+    assert!(report.records_acked > 0);
+    assert_eq!(report.errors, 0);
+    assert!(s.batch_sizes.iter().all(|&n| n == 8));
+    assert!(
+        s.rows
+            .iter()
+            .all(|(ns, r)| ns.starts_with("bench/ns") && r.key.len() + r.value.len() == 64)
+    );
+    // The fake counts one fsync per applied batch.
+    assert!((report.records_per_fsync - 8.0).abs() < 1e-9, "{report:?}");
+    assert!(report.p50_ms > 0.0 && report.p50_ms <= report.p999_ms);
+    assert!(report.duration_s >= 0.3);
+}
+
+#[tokio::test]
+async fn bench_counts_errors_without_stopping() {
+    let node = FakeNode::one_tablet();
+    let endpoint = node.serve().await.unwrap();
+    let mut args = bench_args(&endpoint);
+    // Over the value limit: every request is refused before sending.
+    args.record_bytes = 2 * 1024 * 1024;
+    args.concurrency = 1;
+    args.batch_records = 1;
+    let report = bench(&args, Duration::from_millis(100)).await.unwrap();
+    assert!(report.errors > 0);
+    assert_eq!(report.records_acked, 0);
+    assert_eq!(report.p50_ms, 0.0);
+    assert_eq!(node.lock().append_requests, 0);
+}
+
+#[tokio::test]
+async fn append_then_scan() {
+    let node = FakeNode::one_tablet();
+    let endpoint = node.serve().await.unwrap();
+    for (key, ts) in [("a", 10), ("b", 20), ("a", 30)] {
+        let args = AppendArgs {
+            endpoint: endpoint.clone(),
+            namespace: "acme/web".into(),
+            key: key.into(),
+            value: format!("v{ts}"),
+            ts: Some(ts),
+            json: false,
+        };
+        let (got_ts, pos) = append_one(&args).await.unwrap();
+        assert_eq!((got_ts, pos.tablet), (ts, 1));
+    }
+    let mut args = ScanArgs {
+        endpoint: endpoint.clone(),
+        namespace: "acme/web".into(),
+        key: Some("a".into()),
+        prefix: None,
+        from: 0,
+        to: 0,
+        limit: 1000,
+        json: false,
+    };
+    let ts = |rows: Vec<Row>| rows.iter().map(|r| r.ts).collect::<Vec<_>>();
+    assert_eq!(ts(scan_rows(&args).await.unwrap()), [10, 30]);
+    args.key = None;
+    assert_eq!(ts(scan_rows(&args).await.unwrap()), [10, 20, 30]);
+    args.limit = 2;
+    assert_eq!(ts(scan_rows(&args).await.unwrap()), [10, 20]);
+    args.limit = 1000;
+    args.from = 15;
+    args.to = 30;
+    assert_eq!(ts(scan_rows(&args).await.unwrap()), [20]);
+}
+
+#[test]
+fn fsync_probe_measures_and_cleans_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let rate = fsync_probe(dir.path(), Duration::from_millis(200)).unwrap();
+    assert!(rate > 0.0);
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "probe file removed"
+    );
+    assert!(fsync_probe(&dir.path().join("missing"), Duration::from_millis(10)).is_err());
+}
+
+#[tokio::test]
+async fn bench_rides_out_transient_failures() {
+    let node = FakeNode::one_tablet();
+    let endpoint = node.serve().await.unwrap();
+    node.lock()
+        .faults
+        .extend([Fault::Unavailable, Fault::Unavailable]);
+    let report = bench(&bench_args(&endpoint), Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert_eq!(report.errors, 0, "retried by the client");
+    assert_eq!(report.records_acked, node.lock().rows.len() as u64);
+}
