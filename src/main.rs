@@ -16,7 +16,11 @@ use stele_node::{Node, NodeOptions};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
-#[command(name = "stele", version, about = "Stele: a Raft-replicated, multi-tablet storage cluster")]
+#[command(
+    name = "stele",
+    version,
+    about = "Stele: a Raft-replicated, multi-tablet storage cluster"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -95,7 +99,13 @@ struct Tuning {
     election_timeout_ms: u64,
 }
 
-fn node_options(data_dir: PathBuf, node_id: u64, tablets: u32, advertise: String, t: &Tuning) -> NodeOptions {
+fn node_options(
+    data_dir: PathBuf,
+    node_id: u64,
+    tablets: u32,
+    advertise: String,
+    t: &Tuning,
+) -> NodeOptions {
     let mut o = NodeOptions::new(data_dir);
     o.node_id = node_id;
     o.initial_tablets = tablets;
@@ -104,7 +114,7 @@ fn node_options(data_dir: PathBuf, node_id: u64, tablets: u32, advertise: String
     o.journal.file_bytes_max = t.journal_file_bytes_max;
     o.journal.linger = Duration::from_micros(t.linger_us);
     o.journal.reserve_bytes = t.journal_reserve_bytes;
-    o.journal.faults = stele_node::journal::Faults::from_env();
+    o.journal.faults = Arc::new(stele_node::journal::Faults::from_env());
     o.journal_retained_bytes_max = t.journal_retained_bytes_max;
     o.disk_reserve_bytes = t.disk_reserve_bytes;
     o.batch_bytes_max = t.batch_bytes_max;
@@ -126,14 +136,25 @@ async fn run_server(options: NodeOptions, listen: SocketAddr, label: &str) -> an
     let data_dir = options.data_dir.clone();
     let tablets = options.initial_tablets;
     let node: Arc<Node> = Node::open(options).await.context("open node")?;
-    node.wait_ready(Duration::from_secs(60)).await.context("tablets not ready")?;
+    node.wait_ready(Duration::from_secs(60))
+        .await
+        .context("tablets not ready")?;
     let cancel = CancellationToken::new();
-    let server = tokio::spawn(stele_node::service::serve_on(node.clone(), listener, cancel.clone()));
+    let server = tokio::spawn(stele_node::service::serve_on(
+        node.clone(),
+        listener,
+        cancel.clone(),
+    ));
     println!(
         "stele {label}: listening on http://{addr} (data dir {}, {} tablets, replayed {} journal frames)",
         data_dir.display(),
-        node.replicas.len().max(tablets as usize).min(node.replicas.len()),
-        node.stats.replayed_frames.load(std::sync::atomic::Ordering::Relaxed),
+        node.replicas
+            .len()
+            .max(tablets as usize)
+            .min(node.replicas.len()),
+        node.stats
+            .replayed_frames
+            .load(std::sync::atomic::Ordering::Relaxed),
     );
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
@@ -155,7 +176,9 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(async move {
         match cli.command {
             Command::Dev(a) => {

@@ -68,7 +68,7 @@ pub fn free_bytes(path: &Path) -> io::Result<u64> {
     }
     // SAFETY: statvfs returned 0, so the struct is initialised.
     let st = unsafe { st.assume_init() };
-    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+    Ok(st.f_bavail * st.f_frsize)
 }
 
 #[cfg(test)]

@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use openraft::async_runtime::watch::WatchReceiver;
 use openraft::impls::BasicNode;
 use serde::{Deserialize, Serialize};
 use stele_proto::command::{SealReason, TabletCommand};
-use openraft::async_runtime::watch::WatchReceiver;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -151,7 +151,8 @@ fn now_us() -> u64 {
 
 fn check_data_dir(opts: &NodeOptions) -> Result<()> {
     let dir = &opts.data_dir;
-    crate::fsutil::create_dir_durable(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+    crate::fsutil::create_dir_durable(dir)
+        .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
     let path = dir.join("FORMAT");
     match std::fs::read(&path) {
         Ok(bytes) => {
@@ -210,12 +211,24 @@ impl Node {
         let stats = NodeStats::default();
         let mut replicas = BTreeMap::new();
         for record in &records {
-            let dir = options.data_dir.join("segments").join(record.id.to_string());
+            let dir = options
+                .data_dir
+                .join("segments")
+                .join(record.id.to_string());
             let tablet = Tablet::open(record, dir, catalog.clone(), options.tablet.clone())?;
             let frames = by_tablet.remove(&record.id).unwrap_or_default();
-            let (log, replay) = LogStore::recover(record.id, journal.clone(), catalog.clone(), frames.into_iter())?;
-            stats.replayed_frames.fetch_add(replay.frames_read, Ordering::Relaxed);
-            stats.skipped_frames.fetch_add(replay.frames_skipped, Ordering::Relaxed);
+            let (log, replay) = LogStore::recover(
+                record.id,
+                journal.clone(),
+                catalog.clone(),
+                frames.into_iter(),
+            )?;
+            stats
+                .replayed_frames
+                .fetch_add(replay.frames_read, Ordering::Relaxed);
+            stats
+                .skipped_frames
+                .fetch_add(replay.frames_skipped, Ordering::Relaxed);
             let replica_id = record.replica_id;
             let fresh = record.checkpoint == 0 && log.is_empty();
             let sm = StateMachine::new(tablet.clone(), seal_tx.clone());
@@ -228,7 +241,12 @@ impl Node {
                 raft.initialize(members)
                     .await
                     .map_err(|e| Error::Config(format!("initialize tablet {}: {e}", record.id)))?;
-            } else if tablet.read().membership.membership().voter_ids().eq([replica_id])
+            } else if tablet
+                .read()
+                .membership
+                .membership()
+                .voter_ids()
+                .eq([replica_id])
                 || sole_voter_in_log(&raft, replica_id)
             {
                 // A group whose only voter is this replica cannot lose an
@@ -364,7 +382,9 @@ async fn seal_worker(node: Arc<Node>, mut rx: mpsc::UnboundedReceiver<(Arc<Table
             _ = node.cancel.cancelled() => return,
             job = rx.recv() => job,
         };
-        let Some((tablet, seal_index)) = job else { return };
+        let Some((tablet, seal_index)) = job else {
+            return;
+        };
         let t = tablet.clone();
         let result = tokio::task::spawn_blocking(move || seal::run_seal(&t, seal_index)).await;
         match result {
@@ -454,11 +474,16 @@ async fn policy_loop(node: Arc<Node>) {
                 over = over.saturating_sub(bytes);
             }
         }
-        for id in node.journal.laggards(node.options.journal_retained_bytes_max) {
-            if let Some(r) = node.replica(id) {
-                if r.is_leader() && r.tablet.read().frozen.is_empty() && !to_seal.iter().any(|(t, _)| *t == id) {
-                    to_seal.push((id, SealReason::JournalTrim));
-                }
+        for id in node
+            .journal
+            .laggards(node.options.journal_retained_bytes_max)
+        {
+            if let Some(r) = node.replica(id)
+                && r.is_leader()
+                && r.tablet.read().frozen.is_empty()
+                && !to_seal.iter().any(|(t, _)| *t == id)
+            {
+                to_seal.push((id, SealReason::JournalTrim));
             }
         }
         for (id, reason) in to_seal {

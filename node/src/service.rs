@@ -11,7 +11,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use openraft::ReadPolicy;
 use openraft::async_runtime::watch::WatchReceiver;
 use serde::{Deserialize, Serialize};
-use stele_proto::command::{AppendBatch, Expect, Pos, RecordIn, TabletCommand, TabletResponse, batch_id_halves};
+use stele_proto::command::{
+    AppendBatch, Expect, Pos, RecordIn, TabletCommand, TabletResponse, batch_id_halves,
+};
 use stele_proto::limits;
 use stele_proto::pb::{self, data_server::Data};
 use stele_proto::{Error as ApiError, vshard};
@@ -60,7 +62,11 @@ pub fn descriptor(node: &Node, r: &Replica) -> pb::TabletDescriptor {
         vshard_lo: r.tablet.vshard_lo,
         vshard_hi: r.tablet.vshard_hi,
         generation: r.tablet.generation(),
-        leader_node: if leader == Some(r.replica_id) { node.options.node_id } else { 0 },
+        leader_node: if leader == Some(r.replica_id) {
+            node.options.node_id
+        } else {
+            0
+        },
         leader_endpoint: if leader == Some(r.replica_id) {
             node.options.advertise.clone()
         } else {
@@ -188,7 +194,10 @@ impl DataService {
                     limit: opts.batch_bytes_max as u64,
                 });
             }
-            let v = vshard::vshard(&req.namespace, rec.routing_key.as_deref().unwrap_or(&rec.key));
+            let v = vshard::vshard(
+                &req.namespace,
+                rec.routing_key.as_deref().unwrap_or(&rec.key),
+            );
             if !r.tablet.contains(v) {
                 return Err(ApiError::StaleRoute {
                     descriptor: descriptor(&self.node, &r),
@@ -237,17 +246,24 @@ impl DataService {
 
     async fn append(&self, req: pb::AppendRequest) -> Result<pb::AppendResponse, ApiError> {
         let (r, batch) = self.admit(req)?;
-        let resp = r.raft.client_write(TabletCommand::Append(batch)).await.map_err(|e| {
-            if e.forward_to_leader().is_some() {
-                self.not_leader(&r)
-            } else {
-                ApiError::Unavailable {
-                    reason: format!("tablet {}: {e}", r.tablet.id),
+        let resp = r
+            .raft
+            .client_write(TabletCommand::Append(batch))
+            .await
+            .map_err(|e| {
+                if e.forward_to_leader().is_some() {
+                    self.not_leader(&r)
+                } else {
+                    ApiError::Unavailable {
+                        reason: format!("tablet {}: {e}", r.tablet.id),
+                    }
                 }
-            }
-        })?;
+            })?;
         match resp.data {
-            TabletResponse::Appended { positions, duplicate } => Ok(pb::AppendResponse {
+            TabletResponse::Appended {
+                positions,
+                duplicate,
+            } => Ok(pb::AppendResponse {
                 positions: positions.into_iter().map(Into::into).collect(),
                 duplicate,
             }),
@@ -267,19 +283,26 @@ impl DataService {
     }
 
     /// Makes a read of `r` consistent as asked; returns the watermark.
-    async fn read_barrier(&self, r: &Replica, read: &Option<pb::ReadOptions>) -> Result<(), ApiError> {
-        let read = read.clone().unwrap_or_default();
+    async fn read_barrier(
+        &self,
+        r: &Replica,
+        read: &Option<pb::ReadOptions>,
+    ) -> Result<(), ApiError> {
+        let read = (*read).unwrap_or_default();
         match pb::Consistency::try_from(read.consistency) {
             Ok(pb::Consistency::Linearizable) => {
-                r.raft.ensure_linearizable(ReadPolicy::ReadIndex).await.map_err(|e| {
-                    if e.forward_to_leader().is_some() {
-                        self.not_leader(r)
-                    } else {
-                        ApiError::Unavailable {
-                            reason: format!("tablet {}: {e}", r.tablet.id),
+                r.raft
+                    .ensure_linearizable(ReadPolicy::ReadIndex)
+                    .await
+                    .map_err(|e| {
+                        if e.forward_to_leader().is_some() {
+                            self.not_leader(r)
+                        } else {
+                            ApiError::Unavailable {
+                                reason: format!("tablet {}: {e}", r.tablet.id),
+                            }
                         }
-                    }
-                })?;
+                    })?;
                 Ok(())
             }
             Ok(pb::Consistency::Bounded) => {
@@ -300,11 +323,19 @@ impl DataService {
         }
     }
 
-    fn key_replica(&self, namespace: &str, key: &[u8], routing_key: &Option<Vec<u8>>) -> Result<Arc<Replica>, ApiError> {
+    fn key_replica(
+        &self,
+        namespace: &str,
+        key: &[u8],
+        routing_key: &Option<Vec<u8>>,
+    ) -> Result<Arc<Replica>, ApiError> {
         limits::validate_namespace(namespace)?;
         limits::validate_key("key", key)?;
         let v = vshard::vshard(namespace, routing_key.as_deref().unwrap_or(key));
-        self.node.replica_for(v).cloned().ok_or(ApiError::Incomplete { missing: vec![] })
+        self.node
+            .replica_for(v)
+            .cloned()
+            .ok_or(ApiError::Incomplete { missing: vec![] })
     }
 
     async fn get(&self, req: pb::GetRequest) -> Result<pb::GetResponse, ApiError> {
@@ -313,10 +344,13 @@ impl DataService {
         let tablet = r.tablet.clone();
         let (row, watermark) = tokio::task::spawn_blocking(move || {
             let data = tablet.read();
-            data.latest(&req.namespace, &req.key).map(|row| (row, data.applied_index()))
+            data.latest(&req.namespace, &req.key)
+                .map(|row| (row, data.applied_index()))
         })
         .await
-        .map_err(|e| ApiError::Unavailable { reason: e.to_string() })?
+        .map_err(|e| ApiError::Unavailable {
+            reason: e.to_string(),
+        })?
         .map_err(read_error)?;
         Ok(pb::GetResponse {
             row: row.map(|row| row_to_pb(r.tablet.id, row)),
@@ -334,11 +368,20 @@ impl DataService {
         let after = cursor.map(|c| (c.ts, c.index, c.slot));
         let (rows, watermark) = tokio::task::spawn_blocking(move || {
             let data = tablet.read();
-            data.scan_key(&req.namespace, &req.key, req.ts_from, ts_to, after, limit + 1)
-                .map(|rows| (rows, data.applied_index()))
+            data.scan_key(
+                &req.namespace,
+                &req.key,
+                req.ts_from,
+                ts_to,
+                after,
+                limit + 1,
+            )
+            .map(|rows| (rows, data.applied_index()))
         })
         .await
-        .map_err(|e| ApiError::Unavailable { reason: e.to_string() })?
+        .map_err(|e| ApiError::Unavailable {
+            reason: e.to_string(),
+        })?
         .map_err(read_error)?;
         let more = rows.len() > limit;
         let rows: Vec<Row> = rows.into_iter().take(limit).collect();
@@ -351,7 +394,10 @@ impl DataService {
             _ => Vec::new(),
         };
         Ok(pb::ScanResponse {
-            rows: rows.into_iter().map(|row| row_to_pb(r.tablet.id, row)).collect(),
+            rows: rows
+                .into_iter()
+                .map(|row| row_to_pb(r.tablet.id, row))
+                .collect(),
             next_cursor,
             watermark,
             missing_tablets: vec![],
@@ -389,10 +435,13 @@ impl DataService {
             let from = req.ts_from;
             let result = tokio::task::spawn_blocking(move || {
                 let data = tablet.read();
-                data.scan(&ns, &prefix, from, ts_to).map(|rows| (rows, data.applied_index()))
+                data.scan(&ns, &prefix, from, ts_to)
+                    .map(|rows| (rows, data.applied_index()))
             })
             .await
-            .map_err(|e| ApiError::Unavailable { reason: e.to_string() })?;
+            .map_err(|e| ApiError::Unavailable {
+                reason: e.to_string(),
+            })?;
             match result {
                 Ok((rows, applied)) => {
                     watermark = watermark.min(applied);
@@ -405,7 +454,10 @@ impl DataService {
                 Err(e) => return Err(read_error(e)),
             }
         }
-        all.sort_by(|a, b| (a.1.ts, &a.1.key, a.0, a.1.index, a.1.slot).cmp(&(b.1.ts, &b.1.key, b.0, b.1.index, b.1.slot)));
+        all.sort_by(|a, b| {
+            (a.1.ts, &a.1.key, a.0, a.1.index, a.1.slot)
+                .cmp(&(b.1.ts, &b.1.key, b.0, b.1.index, b.1.slot))
+        });
         if let Some(c) = &cursor {
             let after = (c.ts, &c.key, c.tablet, c.index, c.slot);
             all.retain(|(t, row)| (row.ts, &row.key, *t, row.index, row.slot) > after);
@@ -441,39 +493,72 @@ fn read_error(e: crate::Error) -> ApiError {
 
 #[tonic::async_trait]
 impl Data for DataService {
-    async fn append(&self, req: Request<pb::AppendRequest>) -> Result<Response<pb::AppendResponse>, Status> {
-        Ok(Response::new(DataService::append(self, req.into_inner()).await?))
+    async fn append(
+        &self,
+        req: Request<pb::AppendRequest>,
+    ) -> Result<Response<pb::AppendResponse>, Status> {
+        Ok(Response::new(
+            DataService::append(self, req.into_inner()).await?,
+        ))
     }
 
     async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::GetResponse>, Status> {
-        Ok(Response::new(DataService::get(self, req.into_inner()).await?))
+        Ok(Response::new(
+            DataService::get(self, req.into_inner()).await?,
+        ))
     }
 
-    async fn scan_key(&self, req: Request<pb::ScanKeyRequest>) -> Result<Response<pb::ScanResponse>, Status> {
-        Ok(Response::new(DataService::scan_key(self, req.into_inner()).await?))
+    async fn scan_key(
+        &self,
+        req: Request<pb::ScanKeyRequest>,
+    ) -> Result<Response<pb::ScanResponse>, Status> {
+        Ok(Response::new(
+            DataService::scan_key(self, req.into_inner()).await?,
+        ))
     }
 
-    async fn scan(&self, req: Request<pb::ScanRequest>) -> Result<Response<pb::ScanResponse>, Status> {
-        Ok(Response::new(DataService::scan(self, req.into_inner()).await?))
+    async fn scan(
+        &self,
+        req: Request<pb::ScanRequest>,
+    ) -> Result<Response<pb::ScanResponse>, Status> {
+        Ok(Response::new(
+            DataService::scan(self, req.into_inner()).await?,
+        ))
     }
 
     async fn list_tablets(
         &self,
         _req: Request<pb::ListTabletsRequest>,
     ) -> Result<Response<pb::ListTabletsResponse>, Status> {
-        let tablets = self.node.replicas.values().map(|r| descriptor(&self.node, r)).collect();
+        let tablets = self
+            .node
+            .replicas
+            .values()
+            .map(|r| descriptor(&self.node, r))
+            .collect();
         Ok(Response::new(pb::ListTabletsResponse {
             node_id: self.node.options.node_id,
             tablets,
         }))
     }
 
-    async fn status(&self, _req: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
+    async fn status(
+        &self,
+        _req: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
         let js = self.node.journal.stats();
         let (mut records, mut sealed) = (0, 0);
         for r in self.node.replicas.values() {
-            records += r.tablet.stats.records_applied.load(std::sync::atomic::Ordering::Relaxed);
-            sealed += r.tablet.stats.seals_published.load(std::sync::atomic::Ordering::Relaxed);
+            records += r
+                .tablet
+                .stats
+                .records_applied
+                .load(std::sync::atomic::Ordering::Relaxed);
+            sealed += r
+                .tablet
+                .stats
+                .seals_published
+                .load(std::sync::atomic::Ordering::Relaxed);
         }
         Ok(Response::new(pb::StatusResponse {
             node_id: self.node.options.node_id,
@@ -486,14 +571,22 @@ impl Data for DataService {
             journal_stopped: js.stopped.unwrap_or_default(),
             records_appended: records,
             segments_sealed: sealed,
-            replayed_frames: self.node.stats.replayed_frames.load(std::sync::atomic::Ordering::Relaxed),
+            replayed_frames: self
+                .node
+                .stats
+                .replayed_frames
+                .load(std::sync::atomic::Ordering::Relaxed),
             free_bytes: self.node.free_bytes(),
         }))
     }
 }
 
 /// Serves the data API, gRPC health and reflection on `addr` until `cancel`.
-pub async fn serve(node: Arc<Node>, addr: SocketAddr, cancel: CancellationToken) -> crate::Result<()> {
+pub async fn serve(
+    node: Arc<Node>,
+    addr: SocketAddr,
+    cancel: CancellationToken,
+) -> crate::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| crate::Error::io(format!("bind {addr}"), e))?;
@@ -501,7 +594,11 @@ pub async fn serve(node: Arc<Node>, addr: SocketAddr, cancel: CancellationToken)
 }
 
 /// Like [`serve`], on a listener the caller bound (port 0 in tests).
-pub async fn serve_on(node: Arc<Node>, listener: tokio::net::TcpListener, cancel: CancellationToken) -> crate::Result<()> {
+pub async fn serve_on(
+    node: Arc<Node>,
+    listener: tokio::net::TcpListener,
+    cancel: CancellationToken,
+) -> crate::Result<()> {
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<pb::data_server::DataServer<DataService>>()

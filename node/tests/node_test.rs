@@ -36,11 +36,17 @@ fn options(dir: &std::path::Path) -> NodeOptions {
 
 async fn start(opts: NodeOptions) -> Running {
     let node = Node::open(opts).await.expect("open node");
-    node.wait_ready(Duration::from_secs(20)).await.expect("ready");
+    node.wait_ready(Duration::from_secs(20))
+        .await
+        .expect("ready");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let cancel = CancellationToken::new();
-    let server = tokio::spawn(stele_node::service::serve_on(node.clone(), listener, cancel.clone()));
+    let server = tokio::spawn(stele_node::service::serve_on(
+        node.clone(),
+        listener,
+        cancel.clone(),
+    ));
     let client = loop {
         match DataClient::connect(format!("http://{addr}")).await {
             Ok(c) => break c,
@@ -167,9 +173,14 @@ async fn appends_seal_and_survive_restart_replaying_only_the_tail() {
     // Enough to seal each tablet's 64 KiB memtable several times.
     for i in 0..400u64 {
         let key = format!("k{}", i % 20);
-        r.append("acme/web", 1000 + u128::from(i), vec![(key.as_bytes(), i, value.clone())], None)
-            .await
-            .unwrap();
+        r.append(
+            "acme/web",
+            1000 + u128::from(i),
+            vec![(key.as_bytes(), i, value.clone())],
+            None,
+        )
+        .await
+        .unwrap();
     }
     // Wait for the policy to seal what is over the threshold.
     let mut sealed = 0;
@@ -184,16 +195,34 @@ async fn appends_seal_and_survive_restart_replaying_only_the_tail() {
     let before = r.scan("acme/web").await;
     assert_eq!(before.len(), 400);
     assert_eq!(r.scan_key("acme/web", b"k3").await.len(), 20);
-    let status = r.client.status(pb::StatusRequest {}).await.unwrap().into_inner();
+    let status = r
+        .client
+        .status(pb::StatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(status.records_appended, 400);
     r.stop().await;
 
     let mut r = start(options(dir.path())).await;
     let after = r.scan("acme/web").await;
     assert_eq!(after, before, "rows changed across restart");
-    let replayed = r.node.stats.replayed_frames.load(std::sync::atomic::Ordering::Relaxed);
-    eprintln!("replayed {replayed} skipped {}", r.node.stats.skipped_frames.load(std::sync::atomic::Ordering::Relaxed));
-    assert!(replayed < 400, "restart replayed {replayed} frames: the whole history, not the tail");
+    let replayed = r
+        .node
+        .stats
+        .replayed_frames
+        .load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!(
+        "replayed {replayed} skipped {}",
+        r.node
+            .stats
+            .skipped_frames
+            .load(std::sync::atomic::Ordering::Relaxed)
+    );
+    assert!(
+        replayed < 400,
+        "restart replayed {replayed} frames: the whole history, not the tail"
+    );
     // A retry of a batch applied before the restart is a duplicate.
     let dup = r
         .append("acme/web", 1000, vec![(b"k0", 0, value.clone())], None)
@@ -209,12 +238,22 @@ async fn retried_batch_applies_once_and_conditions_hold() {
     let dir = tempfile::tempdir().unwrap();
     let mut r = start(options(dir.path())).await;
     let first = r
-        .append("a/b", 1, vec![(b"x", 10, b"one".to_vec()), (b"x", 11, b"two".to_vec())], None)
+        .append(
+            "a/b",
+            1,
+            vec![(b"x", 10, b"one".to_vec()), (b"x", 11, b"two".to_vec())],
+            None,
+        )
         .await
         .unwrap();
     assert!(!first.duplicate);
     let again = r
-        .append("a/b", 1, vec![(b"x", 10, b"one".to_vec()), (b"x", 11, b"two".to_vec())], None)
+        .append(
+            "a/b",
+            1,
+            vec![(b"x", 10, b"one".to_vec()), (b"x", 11, b"two".to_vec())],
+            None,
+        )
         .await
         .unwrap();
     assert!(again.duplicate);
@@ -256,13 +295,29 @@ async fn retried_batch_applies_once_and_conditions_hold() {
     );
     // "Must not exist" on an existing key fails; on a new key holds.
     let err = r
-        .append("a/b", 4, vec![(b"x", 14, vec![])], Some(pb::Condition { key: b"x".to_vec(), version: None }))
+        .append(
+            "a/b",
+            4,
+            vec![(b"x", 14, vec![])],
+            Some(pb::Condition {
+                key: b"x".to_vec(),
+                version: None,
+            }),
+        )
         .await
         .unwrap_err();
     assert!(matches!(err, ApiError::ConditionFailed { .. }));
-    r.append("a/b", 5, vec![(b"y", 14, vec![])], Some(pb::Condition { key: b"y".to_vec(), version: None }))
-        .await
-        .unwrap();
+    r.append(
+        "a/b",
+        5,
+        vec![(b"y", 14, vec![])],
+        Some(pb::Condition {
+            key: b"y".to_vec(),
+            version: None,
+        }),
+    )
+    .await
+    .unwrap();
     assert_eq!(r.scan_key("a/b", b"x").await.len(), 3);
     let got = r
         .client
@@ -284,7 +339,10 @@ async fn bad_input_is_refused_with_typed_errors_and_writes_nothing() {
     let mut r = start(options(dir.path())).await;
     let applied_before: u64 = r.tablets().await.iter().map(|t| t.applied_index).sum();
     let big_value = vec![0u8; 1024 * 1024 + 1];
-    let err = r.append("a/b", 1, vec![(b"k", 1, big_value)], None).await.unwrap_err();
+    let err = r
+        .append("a/b", 1, vec![(b"k", 1, big_value)], None)
+        .await
+        .unwrap_err();
     assert!(matches!(err, ApiError::TooLarge { .. }), "{err:?}");
     let err = r
         .append("a/b", 2, vec![(b"k", 1, vec![0; 1024 * 1024]); 9], None)
@@ -326,7 +384,12 @@ async fn bad_input_is_refused_with_typed_errors_and_writes_nothing() {
         assert!(got.starts_with(want), "want {want}, got {got}");
     }
     // A record routed to the wrong tablet: StaleRoute with the descriptor.
-    let other = r.tablets().await.into_iter().find(|x| x.id != t.id).unwrap();
+    let other = r
+        .tablets()
+        .await
+        .into_iter()
+        .find(|x| x.id != t.id)
+        .unwrap();
     let mut req = bad(&|_| {});
     req.tablet = other.id;
     req.generation = other.generation;
@@ -342,9 +405,15 @@ async fn bad_input_is_refused_with_typed_errors_and_writes_nothing() {
         })
         .await
         .unwrap_err();
-    assert!(matches!(ApiError::from_status(&err), ApiError::InvalidArgument { .. }));
+    assert!(matches!(
+        ApiError::from_status(&err),
+        ApiError::InvalidArgument { .. }
+    ));
     let applied_after: u64 = r.tablets().await.iter().map(|t| t.applied_index).sum();
-    assert_eq!(applied_after, applied_before, "a refused request reached a tablet log");
+    assert_eq!(
+        applied_after, applied_before,
+        "a refused request reached a tablet log"
+    );
     r.stop().await;
 }
 
@@ -354,18 +423,29 @@ async fn storage_full_refuses_writes_keeps_reads_and_recovers() {
     let mut opts = options(dir.path());
     let free = stele_node::fsutil::free_bytes(dir.path()).unwrap();
     let mut r = start(opts.clone()).await;
-    r.append("a/b", 1, vec![(b"k", 1, b"v".to_vec())], None).await.unwrap();
+    r.append("a/b", 1, vec![(b"k", 1, b"v".to_vec())], None)
+        .await
+        .unwrap();
     r.stop().await;
     // A reserve above the free space: the node must refuse before writing.
     opts.disk_reserve_bytes = free + (1 << 30);
     let mut r = start(opts.clone()).await;
-    let err = r.append("a/b", 2, vec![(b"k", 2, b"v".to_vec())], None).await.unwrap_err();
+    let err = r
+        .append("a/b", 2, vec![(b"k", 2, b"v".to_vec())], None)
+        .await
+        .unwrap_err();
     assert!(matches!(err, ApiError::StorageFull { .. }), "{err:?}");
-    assert_eq!(r.scan_key("a/b", b"k").await.len(), 1, "reads must still work");
+    assert_eq!(
+        r.scan_key("a/b", b"k").await.len(),
+        1,
+        "reads must still work"
+    );
     r.stop().await;
     opts.disk_reserve_bytes = 0;
     let mut r = start(opts).await;
-    r.append("a/b", 2, vec![(b"k", 2, b"v".to_vec())], None).await.unwrap();
+    r.append("a/b", 2, vec![(b"k", 2, b"v".to_vec())], None)
+        .await
+        .unwrap();
     assert_eq!(r.scan_key("a/b", b"k").await.len(), 2);
     r.stop().await;
 }

@@ -86,7 +86,9 @@ pub enum TabletCommand {
     /// Seals every memtable row applied before this entry into one segment.
     /// Every replica seals at the same log index, so every replica builds the
     /// same segment bytes.
-    Seal { reason: SealReason },
+    Seal {
+        reason: SealReason,
+    },
 }
 
 /// The result of applying a [`TabletCommand`].
@@ -94,11 +96,18 @@ pub enum TabletCommand {
 pub enum TabletResponse {
     /// Positions of the batch's records; `duplicate` when a receipt already
     /// covered the batch (the positions are the original ones).
-    Appended { positions: Vec<Pos>, duplicate: bool },
-    ConditionFailed { actual: Option<Pos> },
+    Appended {
+        positions: Vec<Pos>,
+        duplicate: bool,
+    },
+    ConditionFailed {
+        actual: Option<Pos>,
+    },
     /// The batch was refused at apply time (a record outside the tablet's
     /// range after a topology change); nothing was applied.
-    Rejected { reason: String },
+    Rejected {
+        reason: String,
+    },
     Sealed,
     /// Membership and blank entries.
     None,

@@ -166,10 +166,9 @@ impl Error {
     /// (from a proxy, or a transport failure) becomes `Unavailable` for
     /// transient codes and `InvalidArgument` for request errors.
     pub fn from_status(status: &Status) -> Self {
-        if let Ok(detail) = pb::ErrorDetail::decode(status.details()) {
-            if let Some(kind) = detail.kind {
-                return Error::from_detail(kind);
-            }
+        if let Ok(pb::ErrorDetail { kind: Some(kind) }) = pb::ErrorDetail::decode(status.details())
+        {
+            return Error::from_detail(kind);
         }
         match status.code() {
             Code::InvalidArgument | Code::OutOfRange | Code::Unimplemented => {
@@ -238,10 +237,10 @@ mod tests {
                 staleness_ms: 5,
                 max_staleness_ms: 1,
             },
-            Error::Unavailable {
-                reason: "x".into(),
+            Error::Unavailable { reason: "x".into() },
+            Error::Incomplete {
+                missing: vec![1, 2],
             },
-            Error::Incomplete { missing: vec![1, 2] },
         ];
         for err in cases {
             let status = Status::from(err.clone());

@@ -77,7 +77,16 @@ mod tests {
         for ok in ["a/b", "acme-corp/web.prod", "A_1/b-2"] {
             validate_namespace(ok).unwrap();
         }
-        for bad in ["", "a", "/b", "a/", "a/b/c", "a b/c", "ü/x", &"x".repeat(65)] {
+        for bad in [
+            "",
+            "a",
+            "/b",
+            "a/",
+            "a/b/c",
+            "a b/c",
+            "ü/x",
+            &"x".repeat(65),
+        ] {
             assert!(validate_namespace(bad).is_err(), "{bad:?} accepted");
         }
         assert!(validate_namespace(&format!("{}/p", "x".repeat(65))).is_err());
@@ -85,7 +94,10 @@ mod tests {
 
     #[test]
     fn keys() {
-        assert!(matches!(validate_key("key", b""), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(
+            validate_key("key", b""),
+            Err(Error::InvalidArgument { .. })
+        ));
         assert!(matches!(
             validate_key("key", &vec![1; KEY_BYTES_MAX + 1]),
             Err(Error::TooLarge { .. })

@@ -15,7 +15,9 @@ pub fn stele_bin() -> PathBuf {
     if let Ok(p) = std::env::var("STELE_BIN") {
         return PathBuf::from(p);
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root");
     let target = std::env::var("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|_| root.join("target"));
@@ -73,7 +75,11 @@ impl Proc {
             match rx.recv_timeout(Duration::from_secs(60)) {
                 Ok(line) => {
                     if let Some(rest) = line.split("listening on ").nth(1) {
-                        let endpoint = rest.split_whitespace().next().unwrap_or_default().to_string();
+                        let endpoint = rest
+                            .split_whitespace()
+                            .next()
+                            .unwrap_or_default()
+                            .to_string();
                         return Ok(Proc {
                             child,
                             endpoint,
@@ -133,7 +139,10 @@ fn send_signal(pid: u32, sig: i32) {
 
 /// Runs `stele <args>` to completion and returns (success, stdout, stderr).
 pub fn run(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(stele_bin()).args(args).output().expect("run stele");
+    let out = Command::new(stele_bin())
+        .args(args)
+        .output()
+        .expect("run stele");
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).to_string(),

@@ -117,19 +117,37 @@ async fn settle_unknown(client: &Client, ledger: &Mutex<Ledger>) {
     }
 }
 
-async fn worker(client: Client, worker: usize, ledger: Arc<Mutex<Ledger>>, stop: Arc<std::sync::atomic::AtomicBool>) {
+async fn worker(
+    client: Client,
+    worker: usize,
+    ledger: Arc<Mutex<Ledger>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) {
     let mut n = 0u64;
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
         n += 1;
         let (namespace, id, len) = {
             let mut rng = rand::rng();
-            (NAMESPACES[rng.random_range(0..2)], rng.random::<[u8; 16]>(), rng.random_range(1..=4usize))
+            (
+                NAMESPACES[rng.random_range(0..2)],
+                rng.random::<[u8; 16]>(),
+                rng.random_range(1..=4usize),
+            )
         };
         let tag = hex(&id);
         let records: Vec<(String, String)> = (0..len)
-            .map(|i| (format!("k{}", (n as usize + i) % 37), format!("{tag}-{i}-{}", "x".repeat(200))))
+            .map(|i| {
+                (
+                    format!("k{}", (n as usize + i) % 37),
+                    format!("{tag}-{i}-{}", "x".repeat(200)),
+                )
+            })
             .collect();
-        let b = Batch { namespace, id, records };
+        let b = Batch {
+            namespace,
+            id,
+            records,
+        };
         {
             let mut l = ledger.lock().unwrap();
             for (_, v) in &b.records {
@@ -168,7 +186,11 @@ async fn connect(endpoint: &str) -> Client {
 }
 
 /// Every acknowledged token exactly once, nothing that was never sent.
-async fn verify(client: &Client, ledger: &Ledger) -> usize {
+async fn verify(client: &Client, ledger: &Mutex<Ledger>) -> usize {
+    let (acked, sent) = {
+        let l = ledger.lock().unwrap();
+        (l.acked.clone(), l.sent.clone())
+    };
     let mut seen: HashMap<String, usize> = HashMap::new();
     for ns in NAMESPACES {
         let rows = client
@@ -176,22 +198,35 @@ async fn verify(client: &Client, ledger: &Ledger) -> usize {
             .await
             .expect("scan after restart");
         for row in rows {
-            *seen.entry(String::from_utf8(row.value).unwrap()).or_default() += 1;
+            *seen
+                .entry(String::from_utf8(row.value).unwrap())
+                .or_default() += 1;
         }
     }
     for (token, count) in &seen {
         assert_eq!(*count, 1, "record {} applied {count} times", &token[..40]);
-        assert!(ledger.sent.contains(token), "record {} was never sent", &token[..40]);
+        assert!(
+            sent.contains(token),
+            "record {} was never sent",
+            &token[..40]
+        );
     }
-    for token in &ledger.acked {
-        assert!(seen.contains_key(token), "acknowledged record {} lost", &token[..40]);
+    for token in &acked {
+        assert!(
+            seen.contains_key(token),
+            "acknowledged record {} lost",
+            &token[..40]
+        );
     }
     seen.len()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_records_survive_sigkill_exactly_once() {
-    let kills: usize = std::env::var("STELE_CRASH_KILLS").ok().and_then(|s| s.parse().ok()).unwrap_or(30);
+    let kills: usize = std::env::var("STELE_CRASH_KILLS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30);
     let dir = tempfile::tempdir().unwrap();
     let dir_s = dir.path().to_str().unwrap().to_string();
     let args = dev_args(&dir_s);
@@ -203,7 +238,7 @@ async fn acknowledged_records_survive_sigkill_exactly_once() {
         let client = connect(&proc.endpoint).await;
         settle_unknown(&client, &ledger).await;
         if round % 10 == 9 {
-            verify(&client, &ledger.lock().unwrap()).await;
+            verify(&client, &ledger).await;
         }
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let workers: Vec<_> = (0..3)
@@ -227,14 +262,20 @@ async fn acknowledged_records_survive_sigkill_exactly_once() {
     let proc = Proc::start(&args, &[]).unwrap();
     let client = connect(&proc.endpoint).await;
     settle_unknown(&client, &ledger).await;
-    let ledger = ledger.lock().unwrap();
     let found = verify(&client, &ledger).await;
+    let ledger = ledger.lock().unwrap();
     eprintln!(
         "{kills} kills: {} acknowledged, {found} stored, {seals} seals seen, journal files up to {max_files}, trim seen: {saw_trim}",
         ledger.acked.len()
     );
-    assert!(ledger.acked.len() > 100, "too little traffic to mean anything");
-    assert!(seals >= kills as u64, "kills should land among seals; saw {seals} seals");
+    assert!(
+        ledger.acked.len() > 100,
+        "too little traffic to mean anything"
+    );
+    assert!(
+        seals >= kills as u64,
+        "kills should land among seals; saw {seals} seals"
+    );
     assert!(max_files >= 2, "the journal never rolled");
     assert!(saw_trim, "the journal was never trimmed between kills");
     proc.terminate();

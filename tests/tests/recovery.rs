@@ -10,20 +10,43 @@ use stele_proto::pb;
 use stele_tests::Proc;
 
 fn args(dir: &str) -> Vec<String> {
-    ["dev", "--data-dir", dir, "--listen", "127.0.0.1:0", "--tablets", "2", "--disk-reserve-bytes", "0", "--journal-reserve-bytes", "0"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+    [
+        "dev",
+        "--data-dir",
+        dir,
+        "--listen",
+        "127.0.0.1:0",
+        "--tablets",
+        "2",
+        "--disk-reserve-bytes",
+        "0",
+        "--journal-reserve-bytes",
+        "0",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
 }
 
 async fn fill(dir: &str, n: usize) {
     let a = args(dir);
     let a: Vec<&str> = a.iter().map(String::as_str).collect();
     let proc = Proc::start(&a, &[]).unwrap();
-    let client = Client::connect(&proc.endpoint, ClientOptions::default()).await.unwrap();
+    let client = Client::connect(&proc.endpoint, ClientOptions::default())
+        .await
+        .unwrap();
     for i in 0..n {
         client
-            .append_batch("rec/ns", vec![stele_client::record(format!("k{i}"), i as u64, b"v".to_vec())], None, None)
+            .append_batch(
+                "rec/ns",
+                vec![stele_client::record(
+                    format!("k{i}"),
+                    i as u64,
+                    b"v".to_vec(),
+                )],
+                None,
+                None,
+            )
             .await
             .unwrap();
     }
@@ -31,8 +54,14 @@ async fn fill(dir: &str, n: usize) {
 }
 
 async fn count(endpoint: &str) -> usize {
-    let client = Client::connect(endpoint, ClientOptions::default()).await.unwrap();
-    client.scan_all("rec/ns", 0, 0, b"", pb::ReadOptions::default()).await.unwrap().len()
+    let client = Client::connect(endpoint, ClientOptions::default())
+        .await
+        .unwrap();
+    client
+        .scan_all("rec/ns", 0, 0, b"", pb::ReadOptions::default())
+        .await
+        .unwrap()
+        .len()
 }
 
 fn journal_file(dir: &str) -> std::path::PathBuf {
@@ -62,7 +91,10 @@ async fn torn_tail_is_truncated_and_the_node_starts() {
     assert_eq!(count(&proc.endpoint).await, 20);
     std::thread::sleep(Duration::from_millis(100));
     let warn = proc.stderr_lines().join("\n");
-    assert!(warn.contains("torn final frame"), "no warning about the torn tail: {warn}");
+    assert!(
+        warn.contains("torn final frame"),
+        "no warning about the torn tail: {warn}"
+    );
     assert!(proc.terminate().success());
     assert!(std::fs::metadata(&wal).unwrap().len() >= len as u64);
 }
@@ -85,8 +117,14 @@ async fn mid_journal_damage_refuses_to_start_naming_file_and_byte() {
         Ok(_) => panic!("a node with a damaged journal started"),
         Err(e) => e,
     };
-    assert!(err.contains(&wal.display().to_string()), "file not named: {err}");
-    assert!(err.contains(&format!("byte offset {offset}")), "byte not named: {err}");
+    assert!(
+        err.contains(&wal.display().to_string()),
+        "file not named: {err}"
+    );
+    assert!(
+        err.contains(&format!("byte offset {offset}")),
+        "byte not named: {err}"
+    );
     // Nothing was changed: the damage is still there for the operator.
     assert_eq!(std::fs::read(&wal).unwrap(), bytes);
 }

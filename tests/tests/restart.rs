@@ -7,19 +7,33 @@ use stele_client::{Client, ClientOptions};
 use stele_proto::pb;
 use stele_tests::Proc;
 
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_replays_only_the_unsealed_tail() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
     let args = [
-        "dev", "--data-dir", d, "--listen", "127.0.0.1:0", "--tablets", "4",
-        "--memtable-bytes-max", "4194304", "--journal-file-bytes-max", "16777216",
-        "--journal-retained-bytes-max", "33554432", "--disk-reserve-bytes", "0",
-        "--journal-reserve-bytes", "0",
+        "dev",
+        "--data-dir",
+        d,
+        "--listen",
+        "127.0.0.1:0",
+        "--tablets",
+        "4",
+        "--memtable-bytes-max",
+        "4194304",
+        "--journal-file-bytes-max",
+        "16777216",
+        "--journal-retained-bytes-max",
+        "33554432",
+        "--disk-reserve-bytes",
+        "0",
+        "--journal-reserve-bytes",
+        "0",
     ];
     let proc = Proc::start(&args, &[]).unwrap();
-    let client = Client::connect(&proc.endpoint, ClientOptions::default()).await.unwrap();
+    let client = Client::connect(&proc.endpoint, ClientOptions::default())
+        .await
+        .unwrap();
     let value = vec![0xabu8; 64 * 1024];
     // 4 writers x 50 calls x 16 records x 64 KiB = 200 MiB.
     let mut tasks = Vec::new();
@@ -39,13 +53,27 @@ async fn restart_replays_only_the_unsealed_tail() {
         t.await.unwrap();
     }
     let before = client.status().await.unwrap();
-    assert!(before.journal_frames > 100, "too few frames: {}", before.journal_frames);
-    assert!(before.segments_sealed >= 20, "too few seals: {}", before.segments_sealed);
-    let rows_before = client.scan_all("restart/ns", 0, 0, b"", pb::ReadOptions::default()).await.unwrap().len();
+    assert!(
+        before.journal_frames > 100,
+        "too few frames: {}",
+        before.journal_frames
+    );
+    assert!(
+        before.segments_sealed >= 20,
+        "too few seals: {}",
+        before.segments_sealed
+    );
+    let rows_before = client
+        .scan_all("restart/ns", 0, 0, b"", pb::ReadOptions::default())
+        .await
+        .unwrap()
+        .len();
     assert!(proc.terminate().success());
 
     let proc = Proc::start(&args, &[]).unwrap();
-    let client = Client::connect(&proc.endpoint, ClientOptions::default()).await.unwrap();
+    let client = Client::connect(&proc.endpoint, ClientOptions::default())
+        .await
+        .unwrap();
     let after = client.status().await.unwrap();
     eprintln!(
         "frames written {}, seals {}, journal files {} -> replayed {} frames at restart",
@@ -59,7 +87,11 @@ async fn restart_replays_only_the_unsealed_tail() {
         after.replayed_frames,
         before.journal_frames
     );
-    let rows_after = client.scan_all("restart/ns", 0, 0, b"", pb::ReadOptions::default()).await.unwrap().len();
+    let rows_after = client
+        .scan_all("restart/ns", 0, 0, b"", pb::ReadOptions::default())
+        .await
+        .unwrap()
+        .len();
     assert_eq!(rows_after, rows_before);
     assert!(proc.terminate().success());
 }

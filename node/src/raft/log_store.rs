@@ -20,9 +20,9 @@ use std::ops::RangeBounds;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use openraft::OptionalSend;
 use openraft::entry::RaftEntry;
 use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
-use openraft::OptionalSend;
 use serde::{Deserialize, Serialize};
 
 use super::{Entry, LogId, TabletConfig, Vote, decode, encode, io_err};
@@ -200,12 +200,17 @@ impl RaftLogReader<TabletConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> io::Result<Vec<Entry>> {
-        let slots: Vec<Slot> = self.lock().entries.range(range).map(|(_, s)| s.clone()).collect();
+        let slots: Vec<Slot> = self
+            .lock()
+            .entries
+            .range(range)
+            .map(|(_, s)| s.clone())
+            .collect();
         slots.into_iter().map(|s| self.read_slot(s)).collect()
     }
 
     async fn read_vote(&mut self) -> io::Result<Option<Vote>> {
-        Ok(self.lock().vote.clone())
+        Ok(self.lock().vote)
     }
 }
 
@@ -218,10 +223,10 @@ impl RaftLogStorage<TabletConfig> for LogStore {
             .entries
             .values()
             .next_back()
-            .map(|s| s.log_id().clone())
-            .or_else(|| idx.last_purged.clone());
+            .map(|s| *s.log_id())
+            .or_else(|| idx.last_purged);
         Ok(LogState {
-            last_purged_log_id: idx.last_purged.clone(),
+            last_purged_log_id: idx.last_purged,
             last_log_id: last,
         })
     }
@@ -235,12 +240,12 @@ impl RaftLogStorage<TabletConfig> for LogStore {
         self.catalog
             .put_raft(self.tablet, VOTE, &encode(vote))
             .map_err(io_err)?;
-        self.lock().vote = Some(vote.clone());
+        self.lock().vote = Some(*vote);
         Ok(())
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> io::Result<()> {
-        self.lock().committed = committed.clone();
+        self.lock().committed = committed;
         let index = committed.as_ref().map_or(0, |l| l.index());
         let frame = Frame {
             kind: FrameKind::Commit,
@@ -254,7 +259,7 @@ impl RaftLogStorage<TabletConfig> for LogStore {
     }
 
     async fn read_committed(&mut self) -> io::Result<Option<LogId>> {
-        Ok(self.lock().committed.clone())
+        Ok(self.lock().committed)
     }
 
     async fn append<I>(&mut self, entries: I, callback: IOFlushed<TabletConfig>) -> io::Result<()>
@@ -284,7 +289,7 @@ impl RaftLogStorage<TabletConfig> for LogStore {
                 idx.entries.insert(
                     log_id.index(),
                     Slot::Pending {
-                        log_id: log_id.clone(),
+                        log_id: *log_id,
                         entry: entry.clone(),
                     },
                 );
@@ -304,7 +309,8 @@ impl RaftLogStorage<TabletConfig> for LogStore {
                                 Some(Slot::Pending { entry: e, .. }) if Arc::ptr_eq(e, &entry)
                             );
                             if same {
-                                idx.entries.insert(log_id.index(), Slot::Stored { log_id, loc });
+                                idx.entries
+                                    .insert(log_id.index(), Slot::Stored { log_id, loc });
                             }
                         }
                     }
@@ -331,12 +337,12 @@ impl RaftLogStorage<TabletConfig> for LogStore {
 
     async fn purge(&mut self, log_id: LogId) -> io::Result<()> {
         self.catalog
-            .put_raft(self.tablet, PURGED, &encode(&Some(log_id.clone())))
+            .put_raft(self.tablet, PURGED, &encode(&Some(log_id)))
             .map_err(io_err)?;
         {
             let mut idx = self.lock();
             idx.entries = idx.entries.split_off(&(log_id.index() + 1));
-            idx.last_purged = Some(log_id.clone());
+            idx.last_purged = Some(log_id);
         }
         self.journal.set_trim_point(self.tablet, log_id.index());
         Ok(())

@@ -62,6 +62,7 @@ impl StoreBuilder<TabletConfig, LogStore, StateMachine, Guard> for Builder {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn openraft_log_suite_passes_on_the_journal_store() -> Result<(), StorageError<TabletConfig>> {
+async fn openraft_log_suite_passes_on_the_journal_store() -> Result<(), StorageError<TabletConfig>>
+{
     Suite::test_all(Builder).await
 }

@@ -29,20 +29,28 @@ pub struct Memtable {
 const ROW_OVERHEAD_BYTES: usize = 64;
 
 impl Memtable {
-    pub fn insert(&mut self, namespace: &str, key: &[u8], ts: u64, index: u64, slot: u32, value: Vec<u8>, at_us: u64) {
+    /// Adds one applied row; `at_us` is its batch's proposal time.
+    pub fn insert(&mut self, row: Row, at_us: u64) {
+        let Row {
+            namespace,
+            key,
+            ts,
+            index,
+            slot,
+            value,
+        } = row;
         self.bytes += namespace.len() + key.len() + value.len() + ROW_OVERHEAD_BYTES;
         self.first_index.get_or_insert(index);
         self.last_index = self.last_index.max(index);
         self.oldest_at_us.get_or_insert(at_us);
         let latest = self
             .latest
-            .entry((namespace.to_string(), key.to_vec()))
+            .entry((namespace.clone(), key.clone()))
             .or_insert((ts, index, slot));
         if (index, slot) >= (latest.1, latest.2) {
             *latest = (ts, index, slot);
         }
-        self.rows
-            .insert((namespace.to_string(), key.to_vec(), ts, index, slot), value);
+        self.rows.insert((namespace, key, ts, index, slot), value);
     }
 
     pub fn is_empty(&self) -> bool {
@@ -85,13 +93,9 @@ impl Memtable {
         limit: usize,
     ) -> Vec<Row> {
         let lo = match after {
-            Some((ts, index, slot)) if ts >= ts_from => Bound::Excluded((
-                namespace.to_string(),
-                key.to_vec(),
-                ts,
-                index,
-                slot,
-            )),
+            Some((ts, index, slot)) if ts >= ts_from => {
+                Bound::Excluded((namespace.to_string(), key.to_vec(), ts, index, slot))
+            }
             _ => Bound::Included((namespace.to_string(), key.to_vec(), ts_from, 0, 0)),
         };
         let hi = Bound::Excluded((namespace.to_string(), key.to_vec(), ts_to, 0, 0));
@@ -125,9 +129,9 @@ impl Memtable {
     /// Moves every row of `other` into `self` (a failed seal puts its rows
     /// back this way).
     pub fn absorb(&mut self, other: Memtable) {
+        let at = other.oldest_at_us.unwrap_or(0);
         for (k, v) in other.rows {
-            let at = other.oldest_at_us.unwrap_or(0);
-            self.insert(&k.0, &k.1, k.2, k.3, k.4, v, at);
+            self.insert(to_row(&k, &v), at);
         }
         if let Some(at) = other.oldest_at_us {
             self.oldest_at_us = Some(self.oldest_at_us.map_or(at, |o| o.min(at)));
@@ -153,11 +157,22 @@ fn to_row(k: &RowKey, value: &[u8]) -> Row {
 mod tests {
     use super::*;
 
+    fn row(ns: &str, key: &[u8], ts: u64, index: u64, slot: u32, value: Vec<u8>) -> Row {
+        Row {
+            namespace: ns.into(),
+            key: key.to_vec(),
+            ts,
+            index,
+            slot,
+            value,
+        }
+    }
+
     #[test]
     fn latest_is_by_position_not_timestamp() {
         let mut m = Memtable::default();
-        m.insert("a/b", b"k", 100, 5, 0, b"new-pos-old-ts".to_vec(), 1);
-        m.insert("a/b", b"k", 200, 4, 0, b"old-pos-new-ts".to_vec(), 1);
+        m.insert(row("a/b", b"k", 100, 5, 0, b"new-pos-old-ts".to_vec()), 1);
+        m.insert(row("a/b", b"k", 200, 4, 0, b"old-pos-new-ts".to_vec()), 1);
         assert_eq!(m.latest("a/b", b"k").unwrap().value, b"new-pos-old-ts");
         assert!(m.latest("a/b", b"x").is_none());
     }
@@ -166,13 +181,20 @@ mod tests {
     fn scan_key_pages_with_cursor() {
         let mut m = Memtable::default();
         for i in 0..10u64 {
-            m.insert("a/b", b"k", i * 10, i + 1, 0, vec![i as u8], 1);
-            m.insert("a/b", b"j", i * 10, i + 100, 0, vec![], 1);
+            m.insert(row("a/b", b"k", i * 10, i + 1, 0, vec![i as u8]), 1);
+            m.insert(row("a/b", b"j", i * 10, i + 100, 0, vec![]), 1);
         }
         let page = m.scan_key("a/b", b"k", 0, u64::MAX, None, 4);
         assert_eq!(page.len(), 4);
         let last = page.last().unwrap();
-        let next = m.scan_key("a/b", b"k", 0, u64::MAX, Some((last.ts, last.index, last.slot)), 100);
+        let next = m.scan_key(
+            "a/b",
+            b"k",
+            0,
+            u64::MAX,
+            Some((last.ts, last.index, last.slot)),
+            100,
+        );
         assert_eq!(next.len(), 6);
         assert_eq!(next[0].ts, 40);
         assert_eq!(m.scan_key("a/b", b"k", 20, 50, None, 100).len(), 3);
@@ -182,10 +204,10 @@ mod tests {
     #[test]
     fn scan_filters_namespace_prefix_and_time() {
         let mut m = Memtable::default();
-        m.insert("a/b", b"user-1", 5, 1, 0, vec![], 1);
-        m.insert("a/b", b"user-2", 50, 1, 1, vec![], 1);
-        m.insert("a/b", b"zzz", 5, 1, 2, vec![], 1);
-        m.insert("a/c", b"user-1", 5, 1, 3, vec![], 1);
+        m.insert(row("a/b", b"user-1", 5, 1, 0, vec![]), 1);
+        m.insert(row("a/b", b"user-2", 50, 1, 1, vec![]), 1);
+        m.insert(row("a/b", b"zzz", 5, 1, 2, vec![]), 1);
+        m.insert(row("a/c", b"user-1", 5, 1, 3, vec![]), 1);
         let rows = m.scan("a/b", b"user-", 0, 10);
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0].key, b"user-1");
@@ -195,9 +217,9 @@ mod tests {
     #[test]
     fn absorb_puts_rows_back() {
         let mut a = Memtable::default();
-        a.insert("a/b", b"k", 1, 1, 0, vec![1], 10);
+        a.insert(row("a/b", b"k", 1, 1, 0, vec![1]), 10);
         let mut b = Memtable::default();
-        b.insert("a/b", b"k", 2, 2, 0, vec![2], 20);
+        b.insert(row("a/b", b"k", 2, 2, 0, vec![2]), 20);
         b.absorb(a);
         assert_eq!(b.len(), 2);
         assert_eq!(b.first_index(), Some(1));

@@ -204,7 +204,12 @@ impl TabletData {
 
     /// Unsealed bytes in memory (active and frozen).
     pub fn memtable_bytes(&self) -> usize {
-        self.memtable.bytes() + self.frozen.iter().map(|f| f.memtable.bytes()).sum::<usize>()
+        self.memtable.bytes()
+            + self
+                .frozen
+                .iter()
+                .map(|f| f.memtable.bytes())
+                .sum::<usize>()
     }
 
     /// The latest record of a key, by position, across memory and segments.
@@ -241,9 +246,14 @@ impl TabletData {
         after: Option<(u64, u64, u32)>,
         limit: usize,
     ) -> Result<Vec<Row>> {
-        let mut rows = self.memtable.scan_key(namespace, key, ts_from, ts_to, after, limit);
+        let mut rows = self
+            .memtable
+            .scan_key(namespace, key, ts_from, ts_to, after, limit);
         for f in &self.frozen {
-            rows.extend(f.memtable.scan_key(namespace, key, ts_from, ts_to, after, limit));
+            rows.extend(
+                f.memtable
+                    .scan_key(namespace, key, ts_from, ts_to, after, limit),
+            );
         }
         for (_, seg) in &self.segments {
             if !seg.may_contain_key(namespace, key) {
@@ -261,7 +271,13 @@ impl TabletData {
 
     /// Rows of a namespace with keys starting with `prefix` and ts in
     /// `[ts_from, ts_to)`, sorted by `(ts, key, index, slot)`.
-    pub fn scan(&self, namespace: &str, prefix: &[u8], ts_from: u64, ts_to: u64) -> Result<Vec<Row>> {
+    pub fn scan(
+        &self,
+        namespace: &str,
+        prefix: &[u8],
+        ts_from: u64,
+        ts_to: u64,
+    ) -> Result<Vec<Row>> {
         let mut rows = self.memtable.scan(namespace, prefix, ts_from, ts_to);
         for f in &self.frozen {
             rows.extend(f.memtable.scan(namespace, prefix, ts_from, ts_to));

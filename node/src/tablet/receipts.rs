@@ -40,7 +40,12 @@ impl Receipt {
         self.parts
             .iter()
             .filter(|p| vshard >= p.vshard_lo && u64::from(vshard) < p.vshard_hi)
-            .find_map(|p| p.positions.iter().find(|(i, _)| *i == n).map(|(_, pos)| *pos))
+            .find_map(|p| {
+                p.positions
+                    .iter()
+                    .find(|(i, _)| *i == n)
+                    .map(|(_, pos)| *pos)
+            })
     }
 }
 

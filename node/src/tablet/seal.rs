@@ -39,7 +39,9 @@ fn plan(tablet: &Tablet, data: &TabletData, seal_index: u64) -> Option<Plan> {
     }
     let rows = frozen.memtable.rows();
     let log_first = frozen.memtable.first_index().unwrap_or(seal_index);
-    let cutoff = data.clock_us.saturating_sub(tablet.options.receipt_window_us);
+    let cutoff = data
+        .clock_us
+        .saturating_sub(tablet.options.receipt_window_us);
     let mut drop_receipts: Vec<ReceiptKey> = data
         .receipts
         .iter()
@@ -69,7 +71,7 @@ fn plan(tablet: &Tablet, data: &TabletData, seal_index: u64) -> Option<Plan> {
         rows,
         add_receipts,
         drop_receipts,
-        applied_state: encode(&(Some(frozen.seal_log_id.clone()), frozen.membership.clone())),
+        applied_state: encode(&(Some(frozen.seal_log_id), frozen.membership.clone())),
     })
 }
 
@@ -77,7 +79,12 @@ fn build(tablet: &Tablet, plan: &Plan) -> Result<Option<(SegmentRef, Arc<Segment
     if plan.rows.is_empty() {
         return Ok(None);
     }
-    let info = segment::write(&tablet.segment_dir, &plan.header, &plan.rows, &segment::WriteOptions::default())?;
+    let info = segment::write(
+        &tablet.segment_dir,
+        &plan.header,
+        &plan.rows,
+        &segment::WriteOptions::default(),
+    )?;
     let path = tablet.segment_dir.join(format!("{}.seg", info.id));
     let reader = SegmentReader::open_with_id(&path, &info.id)?;
     Ok(Some((
@@ -94,15 +101,27 @@ fn build(tablet: &Tablet, plan: &Plan) -> Result<Option<(SegmentRef, Arc<Segment
     )))
 }
 
-fn commit(tablet: &Tablet, data: &mut TabletData, plan: Plan, seg: Option<(SegmentRef, Arc<SegmentReader>)>, extra_drops: &[Vec<u8>]) -> Result<()> {
+fn commit(
+    tablet: &Tablet,
+    data: &mut TabletData,
+    plan: Plan,
+    seg: Option<(SegmentRef, Arc<SegmentReader>)>,
+    extra_drops: &[Vec<u8>],
+) -> Result<()> {
     let mut record = tablet.record(data, plan.applied_state);
     if let Some((r, _)) = &seg {
         record.segments.push(r.clone());
     }
     record.checkpoint = plan.seal_index;
-    let mut drops: Vec<Vec<u8>> = plan.drop_receipts.iter().map(receipts::encode_key).collect();
+    let mut drops: Vec<Vec<u8>> = plan
+        .drop_receipts
+        .iter()
+        .map(receipts::encode_key)
+        .collect();
     drops.extend_from_slice(extra_drops);
-    tablet.catalog.publish(&record, &plan.add_receipts, &drops)?;
+    tablet
+        .catalog
+        .publish(&record, &plan.add_receipts, &drops)?;
     if let Some(seg) = seg {
         data.segments.push(seg);
     }
@@ -148,8 +167,16 @@ pub fn run_seal(tablet: &Tablet, seal_index: u64) -> Result<Option<u64>> {
 
 /// Seals the oldest frozen memtable with the tablet lock held (snapshot
 /// install: rare, and nothing may read a half-installed state).
-pub(crate) fn publish_front(tablet: &Tablet, data: &mut TabletData, extra_drops: &[Vec<u8>]) -> Result<()> {
-    let seal_index = data.frozen.first().map(|f| f.seal_index).unwrap_or_default();
+pub(crate) fn publish_front(
+    tablet: &Tablet,
+    data: &mut TabletData,
+    extra_drops: &[Vec<u8>],
+) -> Result<()> {
+    let seal_index = data
+        .frozen
+        .first()
+        .map(|f| f.seal_index)
+        .unwrap_or_default();
     let Some(plan) = plan(tablet, data, seal_index) else {
         return Ok(());
     };
@@ -165,7 +192,8 @@ pub(crate) fn publish_front(tablet: &Tablet, data: &mut TabletData, extra_drops:
 /// segment write and its publish) and leftover temp files. The rows are
 /// still in the journal and the seal replays.
 pub fn remove_orphans(dir: &Path, published: &[SegmentRef]) -> Result<()> {
-    let entries = std::fs::read_dir(dir).map_err(|e| Error::io(format!("list {}", dir.display()), e))?;
+    let entries =
+        std::fs::read_dir(dir).map_err(|e| Error::io(format!("list {}", dir.display()), e))?;
     let mut removed = false;
     for entry in entries {
         let entry = entry.map_err(|e| Error::io(format!("list {}", dir.display()), e))?;
@@ -178,7 +206,8 @@ pub fn remove_orphans(dir: &Path, published: &[SegmentRef]) -> Result<()> {
         }
     }
     if removed {
-        crate::fsutil::fsync_dir(dir).map_err(|e| Error::io(format!("fsync {}", dir.display()), e))?;
+        crate::fsutil::fsync_dir(dir)
+            .map_err(|e| Error::io(format!("fsync {}", dir.display()), e))?;
     }
     Ok(())
 }

@@ -64,7 +64,12 @@ impl StateMachine {
 }
 
 /// Applies one batch. Atomic: either every record is applied or none.
-pub(crate) fn apply_batch(tablet: &Tablet, data: &mut TabletData, index: u64, batch: &AppendBatch) -> TabletResponse {
+pub(crate) fn apply_batch(
+    tablet: &Tablet,
+    data: &mut TabletData,
+    index: u64,
+    batch: &AppendBatch,
+) -> TabletResponse {
     data.clock_us = data.clock_us.max(batch.proposed_at_us);
     let key = (batch.namespace.clone(), batch.batch_id);
     // Receipts first: a retry of an applied batch returns its positions.
@@ -116,12 +121,14 @@ pub(crate) fn apply_batch(tablet: &Tablet, data: &mut TabletData, index: u64, ba
     for (slot, r) in batch.records.iter().enumerate() {
         let slot = slot as u32;
         data.memtable.insert(
-            &batch.namespace,
-            &r.key,
-            r.ts,
-            index,
-            slot,
-            r.value.clone(),
+            Row {
+                namespace: batch.namespace.clone(),
+                key: r.key.clone(),
+                ts: r.ts,
+                index,
+                slot,
+                value: r.value.clone(),
+            },
             batch.proposed_at_us,
         );
         positions.push(Pos {
@@ -137,7 +144,11 @@ pub(crate) fn apply_batch(tablet: &Tablet, data: &mut TabletData, index: u64, ba
             parts: vec![ReceiptPart {
                 vshard_lo: tablet.vshard_lo,
                 vshard_hi: tablet.vshard_hi,
-                positions: positions.iter().enumerate().map(|(n, p)| (n as u32, *p)).collect(),
+                positions: positions
+                    .iter()
+                    .enumerate()
+                    .map(|(n, p)| (n as u32, *p))
+                    .collect(),
             }],
             at_us: batch.proposed_at_us,
             index,
@@ -159,7 +170,7 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
 
     async fn applied_state(&mut self) -> io::Result<(Option<LogId>, StoredMembership)> {
         let data = self.tablet.read();
-        Ok((data.applied.clone(), data.membership.clone()))
+        Ok((data.applied, data.membership.clone()))
     }
 
     async fn apply<Strm>(&mut self, mut entries: Strm) -> io::Result<()>
@@ -182,7 +193,7 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
                         let membership = data.membership.clone();
                         data.frozen.push(Frozen {
                             seal_index: index,
-                            seal_log_id: log_id.clone(),
+                            seal_log_id: log_id,
                             membership,
                             memtable,
                         });
@@ -190,7 +201,7 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
                         TabletResponse::Sealed
                     }
                     EntryPayload::Membership(m) => {
-                        data.membership = StoredMembership::new(Some(log_id.clone()), m.clone());
+                        data.membership = StoredMembership::new(Some(log_id), m.clone());
                         TabletResponse::None
                     }
                 };
@@ -221,24 +232,33 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
         }
     }
 
-    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: SnapshotData) -> io::Result<()> {
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: SnapshotData,
+    ) -> io::Result<()> {
         let bytes = snapshot.into_inner();
         let snap: TabletSnapshot = decode("tablet snapshot", &bytes).map_err(io_err)?;
         if snap.v != SNAPSHOT_V {
-            return Err(io_err(format!("tablet snapshot version {} unknown", snap.v)));
+            return Err(io_err(format!(
+                "tablet snapshot version {} unknown",
+                snap.v
+            )));
         }
         let tablet = &self.tablet;
         let mut segments = Vec::new();
         for seg in &snap.segments {
             let path = tablet.segment_dir.join(format!("{}.seg", seg.id));
-            let reader = crate::segment::SegmentReader::open_with_id(&path, &seg.id).map_err(io_err)?;
+            let reader =
+                crate::segment::SegmentReader::open_with_id(&path, &seg.id).map_err(io_err)?;
             segments.push((seg.clone(), Arc::new(reader)));
         }
         let mut receipts_mem = super::receipts::Receipts::default();
         let mut clock_us = 0;
         let mut receipt_rows = Vec::new();
         for (k, r) in snap.receipts {
-            let key = receipts::decode_key(&k).ok_or_else(|| io_err("bad receipt key in snapshot"))?;
+            let key =
+                receipts::decode_key(&k).ok_or_else(|| io_err("bad receipt key in snapshot"))?;
             clock_us = clock_us.max(r.at_us);
             receipt_rows.push(crate::catalog::ReceiptRow {
                 key: k,
@@ -248,18 +268,22 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
         }
         let mut memtable = Memtable::default();
         for row in snap.rows {
-            memtable.insert(&row.namespace, &row.key, row.ts, row.index, row.slot, row.value, clock_us);
+            memtable.insert(row, clock_us);
         }
-        let applied = meta.last_log_id.clone();
+        let applied = meta.last_log_id;
         let membership = meta.last_membership.clone();
         let mut data = tablet.write();
-        let old_receipts: Vec<Vec<u8>> = data.receipts.iter().map(|(k, _)| receipts::encode_key(k)).collect();
+        let old_receipts: Vec<Vec<u8>> = data
+            .receipts
+            .iter()
+            .map(|(k, _)| receipts::encode_key(k))
+            .collect();
         *data = TabletData {
             memtable: Memtable::default(),
             frozen: Vec::new(),
             segments,
             receipts: receipts_mem,
-            applied: applied.clone(),
+            applied,
             membership: membership.clone(),
             checkpoint: snap.checkpoint,
             clock_us,
@@ -267,7 +291,7 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
         // The unsealed rows of the snapshot exist nowhere durable on this
         // replica once openraft purges the log up to the snapshot: seal them
         // here, at the snapshot's index, before reporting success.
-        let seal_at = applied.clone().filter(|l| !memtable.is_empty() || l.index() > data.checkpoint);
+        let seal_at = applied.filter(|l| !memtable.is_empty() || l.index() > data.checkpoint);
         if let Some(seal_log_id) = seal_at {
             data.frozen.push(Frozen {
                 seal_index: seal_log_id.index(),
@@ -311,8 +335,11 @@ impl RaftSnapshotBuilder<TabletConfig> for SnapshotBuilder {
             rows.extend(f.memtable.rows());
         }
         rows.extend(data.memtable.rows());
-        let mut receipts: Vec<(Vec<u8>, Receipt)> =
-            data.receipts.iter().map(|(k, r)| (receipts::encode_key(k), r.clone())).collect();
+        let mut receipts: Vec<(Vec<u8>, Receipt)> = data
+            .receipts
+            .iter()
+            .map(|(k, r)| (receipts::encode_key(k), r.clone()))
+            .collect();
         receipts.sort_by(|a, b| a.0.cmp(&b.0));
         let snap = TabletSnapshot {
             v: SNAPSHOT_V,
@@ -322,7 +349,7 @@ impl RaftSnapshotBuilder<TabletConfig> for SnapshotBuilder {
             rows,
         };
         let meta = SnapshotMeta {
-            last_log_id: data.applied.clone(),
+            last_log_id: data.applied,
             last_membership: data.membership.clone(),
         };
         drop(data);
