@@ -94,6 +94,9 @@ struct Tuning {
     /// Largest batch (keys + values) one append may carry.
     #[arg(long, default_value_t = stele_proto::limits::BATCH_BYTES_MAX_DEFAULT)]
     batch_bytes_max: usize,
+    /// Most records one append may carry.
+    #[arg(long, default_value_t = stele_proto::limits::BATCH_RECORDS_MAX_DEFAULT)]
+    batch_records_max: usize,
     /// Tablet election timeout (minimum; the maximum is twice it), in ms.
     #[arg(long, default_value_t = 3000)]
     election_timeout_ms: u64,
@@ -118,6 +121,7 @@ fn node_options(
     o.journal_retained_bytes_max = t.journal_retained_bytes_max;
     o.disk_reserve_bytes = t.disk_reserve_bytes;
     o.batch_bytes_max = t.batch_bytes_max;
+    o.batch_records_max = t.batch_records_max;
     // One batch is one journal frame: size the frame limit from the batch.
     o.journal.frame_payload_bytes_max = t.batch_bytes_max + o.batch_records_max * 64 + 64 * 1024;
     o.raft.election_timeout_min_ms = t.election_timeout_ms;
