@@ -105,6 +105,11 @@ impl From<pb::ScanResponse> for ScanPage {
     }
 }
 
+/// Largest response the client decodes. Nodes cap read pages at 4 MiB of
+/// keys and values (always at least one row, up to a 1 MiB value), so this
+/// leaves ample room.
+const DECODE_BYTES_MAX: usize = 16 << 20;
+
 /// A record with no routing key.
 pub fn record(key: impl Into<Vec<u8>>, ts: u64, value: impl Into<Vec<u8>>) -> Record {
     Record {
@@ -797,7 +802,7 @@ impl Client {
     fn data(&self, endpoint: &str) -> Result<DataClient<Channel>> {
         let mut channels = self.inner.channels.lock().expect("channels lock");
         if let Some(ch) = channels.get(endpoint) {
-            return Ok(DataClient::new(ch.clone()));
+            return Ok(DataClient::new(ch.clone()).max_decoding_message_size(DECODE_BYTES_MAX));
         }
         let ch = Endpoint::from_shared(endpoint.to_string())
             .map_err(|e| Error::InvalidEndpoint {
@@ -808,7 +813,7 @@ impl Client {
             .tcp_nodelay(true)
             .connect_lazy();
         channels.insert(endpoint.to_string(), ch.clone());
-        Ok(DataClient::new(ch))
+        Ok(DataClient::new(ch).max_decoding_message_size(DECODE_BYTES_MAX))
     }
 
     /// Awaits one call within the request timeout.

@@ -27,6 +27,24 @@ use crate::segment::Row;
 pub const READ_LIMIT_DEFAULT: usize = 1000;
 /// Most rows one read returns, whatever the request asks.
 pub const READ_LIMIT_MAX: usize = 10_000;
+/// A read response stops adding rows past this many key and value bytes
+/// (always returning at least one row) and hands back a cursor, so a page
+/// of large values stays well under gRPC message limits.
+pub const READ_BYTES_MAX: usize = 4 << 20;
+
+/// How many leading rows fit the byte budget (at least one).
+fn rows_within_budget<'a>(rows: impl Iterator<Item = &'a Row>) -> usize {
+    let mut bytes = 0;
+    let mut n = 0;
+    for row in rows {
+        bytes += row.key.len() + row.value.len() + 64;
+        if n > 0 && bytes > READ_BYTES_MAX {
+            break;
+        }
+        n += 1;
+    }
+    n
+}
 
 #[derive(Clone)]
 pub struct DataService {
@@ -383,8 +401,9 @@ impl DataService {
             reason: e.to_string(),
         })?
         .map_err(read_error)?;
-        let more = rows.len() > limit;
-        let rows: Vec<Row> = rows.into_iter().take(limit).collect();
+        let take = rows_within_budget(rows.iter()).min(limit);
+        let more = rows.len() > take;
+        let rows: Vec<Row> = rows.into_iter().take(take).collect();
         let next_cursor = match (more, rows.last()) {
             (true, Some(last)) => encode_cursor(&KeyCursor {
                 ts: last.ts,
@@ -462,8 +481,9 @@ impl DataService {
             let after = (c.ts, &c.key, c.tablet, c.index, c.slot);
             all.retain(|(t, row)| (row.ts, &row.key, *t, row.index, row.slot) > after);
         }
-        let more = all.len() > limit;
-        all.truncate(limit);
+        let take = rows_within_budget(all.iter().map(|(_, r)| r)).min(limit);
+        let more = all.len() > take;
+        all.truncate(take);
         let next_cursor = match (more, all.last()) {
             (true, Some((t, last))) => encode_cursor(&ScanCursor {
                 ts: last.ts,
