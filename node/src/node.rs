@@ -295,8 +295,13 @@ impl Node {
     }
 
     /// Free bytes on the data directory's filesystem.
+    /// The journal's free-space fault override, when set, stands in for the
+    /// filesystem (tests drive a filling disk through it).
     pub fn free_bytes(&self) -> u64 {
-        crate::fsutil::free_bytes(&self.options.data_dir).unwrap_or(u64::MAX)
+        match self.options.journal.faults.free_bytes() {
+            Some(free) => free,
+            None => crate::fsutil::free_bytes(&self.options.data_dir).unwrap_or(u64::MAX),
+        }
     }
 
     /// Waits until every tablet has a leader and has applied its log.

@@ -421,31 +421,101 @@ async fn bad_input_is_refused_with_typed_errors_and_writes_nothing() {
 async fn storage_full_refuses_writes_keeps_reads_and_recovers() {
     let dir = tempfile::tempdir().unwrap();
     let mut opts = options(dir.path());
-    let free = stele_node::fsutil::free_bytes(dir.path()).unwrap();
-    let mut r = start(opts.clone()).await;
+    opts.disk_reserve_bytes = 64 << 20;
+    opts.journal.reserve_bytes = 16 << 20;
+    let faults = opts.journal.faults.clone();
+    let mut r = start(opts).await;
     r.append("a/b", 1, vec![(b"k", 1, b"v".to_vec())], None)
         .await
         .unwrap();
-    r.stop().await;
-    // A reserve above the free space: the node must refuse before writing.
-    opts.disk_reserve_bytes = free + (1 << 30);
-    let mut r = start(opts.clone()).await;
+    // The disk fills to just under the node's reserve.
+    faults.set_free_bytes(Some(60 << 20));
+    let applied_before: u64 = r.tablets().await.iter().map(|t| t.applied_index).sum();
     let err = r
         .append("a/b", 2, vec![(b"k", 2, b"v".to_vec())], None)
         .await
         .unwrap_err();
-    assert!(matches!(err, ApiError::StorageFull { .. }), "{err:?}");
+    assert!(
+        matches!(err, ApiError::StorageFull { free_bytes, reserve_bytes } if free_bytes == 60 << 20 && reserve_bytes == 64 << 20),
+        "{err:?}"
+    );
+    let applied_after: u64 = r.tablets().await.iter().map(|t| t.applied_index).sum();
+    assert_eq!(
+        applied_after, applied_before,
+        "StorageFull must be decided before any write"
+    );
     assert_eq!(
         r.scan_key("a/b", b"k").await.len(),
         1,
         "reads must still work"
     );
-    r.stop().await;
-    opts.disk_reserve_bytes = 0;
-    let mut r = start(opts).await;
+    assert!(
+        r.node.journal.stats().stopped.is_none(),
+        "a full disk must not stop the journal"
+    );
+    // Space returns: writes are taken again, no restart needed.
+    faults.set_free_bytes(None);
     r.append("a/b", 2, vec![(b"k", 2, b"v".to_vec())], None)
         .await
         .unwrap();
     assert_eq!(r.scan_key("a/b", b"k").await.len(), 2);
+    r.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_segment_block_is_reported_never_returned() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = start(options(dir.path())).await;
+    let value = vec![9u8; 2000];
+    for i in 0..200u64 {
+        r.append(
+            "acme/seg",
+            5000 + u128::from(i),
+            vec![(b"same-key", i, value.clone())],
+            None,
+        )
+        .await
+        .unwrap();
+    }
+    let t = r.route("acme/seg", b"same-key").await;
+    for _ in 0..100 {
+        if r.tablets()
+            .await
+            .iter()
+            .any(|x| x.id == t.id && x.segments > 0)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    r.stop().await;
+    // Flip one byte in the first block of the tablet's first segment (the
+    // blocks start right after the 20-byte prologue and the CBOR header).
+    let seg_dir = dir.path().join("segments").join(t.id.to_string());
+    let seg = std::fs::read_dir(&seg_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "seg"))
+        .expect("a sealed segment");
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let at = bytes.len() / 4;
+    bytes[at] ^= 0x5a;
+    std::fs::write(&seg, &bytes).unwrap();
+
+    let mut r = start(options(dir.path())).await;
+    let err = r
+        .client
+        .scan_key(pb::ScanKeyRequest {
+            namespace: "acme/seg".into(),
+            key: b"same-key".to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    let err = ApiError::from_status(&err);
+    match &err {
+        ApiError::Unavailable { reason } => assert!(reason.contains("corrupt"), "{reason}"),
+        other => panic!("corruption not reported: {other:?}"),
+    }
     r.stop().await;
 }

@@ -185,7 +185,7 @@ impl Committer {
     fn free_bytes(&self) -> io::Result<u64> {
         match self.shared.opts.faults.free_bytes() {
             Some(free) => Ok(free),
-            None => free_bytes(&self.shared.opts.dir),
+            None => crate::fsutil::free_bytes(&self.shared.opts.dir),
         }
     }
 
@@ -228,27 +228,4 @@ fn call_done(unit: Unit, result: Result<Vec<Location>>) {
     if catch_unwind(AssertUnwindSafe(move || done(result))).is_err() {
         tracing::error!("journal done callback panicked");
     }
-}
-
-/// Free bytes available to unprivileged writers on the filesystem of `dir`.
-#[allow(unsafe_code)]
-fn free_bytes(dir: &Path) -> io::Result<u64> {
-    use std::ffi::CString;
-    use std::os::unix::ffi::OsStrExt;
-
-    let path = CString::new(dir.as_os_str().as_bytes())
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: `path` is a valid NUL-terminated string and `stat` points to
-    // writable memory of the right type; statvfs fully initialises it when it
-    // returns 0, and we only read it in that case.
-    let stat = unsafe {
-        if libc::statvfs(path.as_ptr(), stat.as_mut_ptr()) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        stat.assume_init()
-    };
-    // The field types differ between platforms, hence the casts.
-    #[allow(clippy::unnecessary_cast)]
-    Ok((stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64))
 }

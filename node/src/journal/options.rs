@@ -157,7 +157,8 @@ impl Faults {
         countdown(&self.fail_write_in)
     }
 
-    pub(crate) fn free_bytes(&self) -> Option<u64> {
+    /// The overridden free space, if a test set one.
+    pub fn free_bytes(&self) -> Option<u64> {
         match self.free_bytes_override.load(Ordering::SeqCst) {
             Self::FREE_BYTES_REAL => None,
             free => Some(free),
