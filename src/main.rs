@@ -80,7 +80,7 @@ struct Tuning {
     #[arg(long, default_value_t = 64 << 20)]
     journal_file_bytes_max: u64,
     /// Force-seal tablets holding back journal trim past this many retained bytes.
-    #[arg(long, default_value_t = 4 << 30)]
+    #[arg(long, default_value_t = 1 << 30)]
     journal_retained_bytes_max: u64,
     /// Refuse appends with StorageFull below this much free space.
     #[arg(long, default_value_t = 256 << 20)]

@@ -68,7 +68,7 @@ impl NodeOptions {
             tablet: TabletOptions::default(),
             raft: RaftTiming::default(),
             memtable_budget_bytes: 1 << 30,
-            journal_retained_bytes_max: 4 << 30,
+            journal_retained_bytes_max: 1 << 30,
             disk_reserve_bytes: 256 << 20,
             policy_interval: Duration::from_millis(250),
             value_bytes_max: stele_proto::limits::VALUE_BYTES_MAX_DEFAULT,
