@@ -105,9 +105,9 @@ impl Receipts {
         out
     }
 
-    /// Drops receipts older than `cutoff_us` that are at or below `upto`
-    /// (durable ones only), returning their keys so the catalog drops them too.
-    pub fn expire(&mut self, cutoff_us: u64, upto: u64) -> Vec<ReceiptKey> {
+    /// Keys of receipts older than `cutoff_us` applied at or below `upto`:
+    /// what a seal at `upto` drops, from the catalog and then from memory.
+    pub fn expired(&self, cutoff_us: u64, upto: u64) -> Vec<ReceiptKey> {
         let mut gone: Vec<ReceiptKey> = self
             .map
             .iter()
@@ -115,9 +115,6 @@ impl Receipts {
             .map(|(k, _)| k.clone())
             .collect();
         gone.sort();
-        for k in &gone {
-            self.map.remove(k);
-        }
         gone
     }
 
@@ -182,8 +179,11 @@ mod tests {
                 },
             );
         }
-        let gone = rs.expire(25, 1);
+        let gone = rs.expired(25, 1);
         assert_eq!(gone, vec![("a/b".to_string(), [0, 1])]);
+        for k in &gone {
+            rs.expire_key(k);
+        }
         assert_eq!(rs.len(), 2);
         assert_eq!(rs.applied_between(1, 3).len(), 2);
     }

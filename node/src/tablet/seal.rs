@@ -42,13 +42,7 @@ fn plan(tablet: &Tablet, data: &TabletData, seal_index: u64) -> Option<Plan> {
     let cutoff = data
         .clock_us
         .saturating_sub(tablet.options.receipt_window_us);
-    let mut drop_receipts: Vec<ReceiptKey> = data
-        .receipts
-        .iter()
-        .filter(|(_, r)| r.at_us < cutoff && r.index <= seal_index)
-        .map(|(k, _)| k.clone())
-        .collect();
-    drop_receipts.sort();
+    let drop_receipts = data.receipts.expired(cutoff, seal_index);
     let add_receipts = data
         .receipts
         .applied_between(data.checkpoint, seal_index)
