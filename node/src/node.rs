@@ -339,9 +339,16 @@ impl Node {
     /// Stops background work and every Raft group, and flushes the journal.
     pub async fn shutdown(&self) {
         self.cancel.cancel();
-        let tasks = std::mem::take(&mut *self.tasks.lock().expect("lock poisoned"));
-        for t in tasks {
-            let _ = t.await;
+        // Joined until none is left: a task may spawn another (the seal
+        // worker starts purges) while we wait.
+        loop {
+            let tasks = std::mem::take(&mut *self.tasks.lock().expect("lock poisoned"));
+            if tasks.is_empty() {
+                break;
+            }
+            for t in tasks {
+                let _ = t.await;
+            }
         }
         for r in self.replicas.values() {
             let _ = r.raft.shutdown().await;
@@ -396,12 +403,15 @@ async fn seal_worker(node: Arc<Node>, mut rx: mpsc::UnboundedReceiver<(Arc<Table
             Ok(Ok(Some(checkpoint))) => {
                 if let Some(r) = node.replica(tablet.id).cloned() {
                     let cancel = node.cancel.clone();
-                    tokio::spawn(async move {
+                    let task = tokio::spawn(async move {
                         tokio::select! {
                             _ = cancel.cancelled() => {}
                             _ = purge_after_snapshot(r, checkpoint) => {}
                         }
                     });
+                    let mut tasks = node.tasks.lock().expect("lock poisoned");
+                    tasks.retain(|t| !t.is_finished());
+                    tasks.push(task);
                 }
             }
             Ok(Ok(None)) => {}

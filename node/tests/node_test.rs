@@ -13,6 +13,7 @@ use tonic::transport::Channel;
 struct Running {
     node: Arc<Node>,
     client: DataClient<Channel>,
+    endpoint: String,
     cancel: CancellationToken,
     server: tokio::task::JoinHandle<stele_node::Result<()>>,
 }
@@ -56,6 +57,7 @@ async fn start(opts: NodeOptions) -> Running {
     Running {
         node,
         client,
+        endpoint: format!("http://{addr}"),
         cancel,
         server,
     }
@@ -518,4 +520,119 @@ async fn a_corrupt_segment_block_is_reported_never_returned() {
         other => panic!("corruption not reported: {other:?}"),
     }
     r.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generic_grpc_tools_work_health_and_reflection() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+    let dir = tempfile::tempdir().unwrap();
+    let r = start(options(dir.path())).await;
+    let channel = tonic::transport::Endpoint::from_shared(r.endpoint.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel.clone());
+    let status = health
+        .check(HealthCheckRequest {
+            service: "stele.v1.Data".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status;
+    assert_eq!(status, ServingStatus::Serving as i32);
+
+    let mut refl = ServerReflectionClient::new(channel);
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut stream = refl
+        .server_reflection_info(tokio_stream::iter(vec![req]))
+        .await
+        .unwrap()
+        .into_inner();
+    let resp = stream.message().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = resp.message_response else {
+        panic!("no service list: {resp:?}");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(names.contains(&"stele.v1.Data".to_string()), "{names:?}");
+    r.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tablet_holding_back_journal_trim_is_force_sealed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path());
+    // No size seals: only the journal bound can seal.
+    o.tablet.memtable_bytes_max = 1 << 30;
+    o.journal.file_bytes_max = 3 << 20;
+    o.journal_retained_bytes_max = 6 << 20;
+    let mut r = start(o).await;
+    // One small record in tablet A, then megabytes into tablet B.
+    r.append("quiet/ns", 1, vec![(b"q", 1, b"small".to_vec())], None)
+        .await
+        .unwrap();
+    let quiet = r.route("quiet/ns", b"q").await;
+    let busy_key = (0..1000)
+        .map(|i| format!("b{i}"))
+        .find(|k| futures_like_route(&quiet, "busy/ns", k.as_bytes()))
+        .expect("a key in another tablet");
+    let value = vec![1u8; 200_000];
+    for i in 0..100u64 {
+        r.append(
+            "busy/ns",
+            100 + u128::from(i),
+            vec![(busy_key.as_bytes(), i, value.clone())],
+            None,
+        )
+        .await
+        .unwrap();
+    }
+    let mut sealed = false;
+    for _ in 0..100 {
+        let t = r
+            .tablets()
+            .await
+            .into_iter()
+            .find(|t| t.id == quiet.id)
+            .unwrap();
+        if t.segments > 0 {
+            sealed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        sealed,
+        "the quiet tablet holding the oldest journal file was never force-sealed"
+    );
+    let mut retained = u64::MAX;
+    for _ in 0..100 {
+        retained = r.node.journal.stats().retained_bytes;
+        if retained <= 9 << 20 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        retained <= 9 << 20,
+        "journal not trimmed back toward its bound: {retained} bytes"
+    );
+    assert_eq!(r.scan_key("quiet/ns", b"q").await.len(), 1);
+    r.stop().await;
+}
+
+/// True when `key` of `ns` routes outside tablet `t`.
+fn futures_like_route(t: &pb::TabletDescriptor, ns: &str, key: &[u8]) -> bool {
+    let v = vshard::vshard(ns, key);
+    !(v >= t.vshard_lo && u64::from(v) < t.vshard_hi)
 }
