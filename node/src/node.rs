@@ -26,6 +26,7 @@ use crate::error::{Error, Result};
 use crate::journal::{self, Journal, RecoveredFrame};
 use crate::raft::log_store::LogStore;
 use crate::raft::network::NoPeers;
+use crate::raft::router::{self, GroupNetwork, Peers, Router};
 use crate::raft::{RaftTiming, TabletRaft, tablet_config};
 use crate::tablet::state_machine::StateMachine;
 use crate::tablet::{Tablet, TabletOptions, seal};
@@ -39,8 +40,13 @@ pub struct NodeOptions {
     pub node_id: u64,
     /// Tablets to create when the data directory is new.
     pub initial_tablets: u32,
+    /// Node ids of the cell (static membership until the controller lands);
+    /// every tablet has a voter on each. Just this node for a one-node cell.
+    pub cell_nodes: Vec<u64>,
     /// This node's client endpoint, advertised in routes.
     pub advertise: String,
+    /// Client endpoints of the other nodes of the cell, for leader hints.
+    pub peer_endpoints: BTreeMap<u64, String>,
     pub journal: journal::Options,
     pub tablet: TabletOptions,
     pub raft: RaftTiming,
@@ -64,7 +70,9 @@ impl NodeOptions {
             data_dir,
             node_id: 1,
             initial_tablets: 16,
+            cell_nodes: vec![1],
             advertise: String::new(),
+            peer_endpoints: BTreeMap::new(),
             tablet: TabletOptions::default(),
             raft: RaftTiming::default(),
             memtable_budget_bytes: 1 << 30,
@@ -78,6 +86,19 @@ impl NodeOptions {
     }
 
     pub fn validate(&self) -> Result<()> {
+        if !self.cell_nodes.contains(&self.node_id) {
+            return Err(Error::Config(format!(
+                "cell_nodes {:?} must include this node ({})",
+                self.cell_nodes, self.node_id
+            )));
+        }
+        if self
+            .cell_nodes
+            .iter()
+            .any(|n| *n == 0 || *n >= 1 << router::NODE_BITS)
+        {
+            return Err(Error::Config("node ids must be 1..65535".into()));
+        }
         if self.initial_tablets == 0 || self.initial_tablets > 65_536 {
             return Err(Error::Config("initial_tablets must be 1..=65536".into()));
         }
@@ -128,6 +149,35 @@ pub struct NodeStats {
     pub replayed_frames: AtomicU64,
     /// Journal frames skipped at start-up (below a purge point).
     pub skipped_frames: AtomicU64,
+    /// Segments fetched from peers to install snapshots.
+    pub segments_fetched: AtomicU64,
+}
+
+/// Object-safe access to the peers, for fetching segments.
+pub trait SegmentSource: Send + Sync {
+    fn fetch<'a>(
+        &'a self,
+        node: u64,
+        group: u64,
+        replica: u64,
+        id: &'a str,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = std::result::Result<Vec<u8>, String>> + Send + 'a>,
+    >;
+}
+
+impl<P: Peers> SegmentSource for P {
+    fn fetch<'a>(
+        &'a self,
+        node: u64,
+        group: u64,
+        replica: u64,
+        id: &'a str,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = std::result::Result<Vec<u8>, String>> + Send + 'a>,
+    > {
+        Box::pin(router::fetch_segment(self, node, group, replica, id))
+    }
 }
 
 pub struct Node {
@@ -138,6 +188,7 @@ pub struct Node {
     pub replicas: BTreeMap<u64, Arc<Replica>>,
     pub stats: NodeStats,
     cancel: CancellationToken,
+    peers: Option<Arc<dyn SegmentSource>>,
     /// Background tasks (seal worker, policy), joined on shutdown.
     tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
@@ -191,6 +242,24 @@ impl Node {
     /// Opens (or creates) the node's data directory, recovers the journal,
     /// and starts every tablet's Raft group, the seal worker and the policy.
     pub async fn open(options: NodeOptions) -> Result<Arc<Node>> {
+        Node::open_with_peers::<NoTransport>(options, None).await
+    }
+
+    /// Opens a node of a multi-node cell: Raft messages to the other nodes of
+    /// `options.cell_nodes` go through `peers`.
+    pub async fn open_with_peers<P: Peers>(
+        options: NodeOptions,
+        peers: Option<P>,
+    ) -> Result<Arc<Node>> {
+        let source: Option<Arc<dyn SegmentSource>> =
+            peers.clone().map(|p| Arc::new(p) as Arc<dyn SegmentSource>);
+        let router = peers.map(Router::new);
+        let first_node = options
+            .cell_nodes
+            .iter()
+            .copied()
+            .min()
+            .unwrap_or(options.node_id);
         options.validate()?;
         check_data_dir(&options)?;
         let catalog = Catalog::open(&options.data_dir.join("catalog.redb"))?;
@@ -200,7 +269,7 @@ impl Node {
         }
         let mut records = catalog.tablets()?;
         if records.is_empty() {
-            records = bootstrap(&catalog, options.initial_tablets)?;
+            records = bootstrap(&catalog, options.initial_tablets, options.node_id)?;
         }
         let mut by_tablet: HashMap<u64, Vec<&RecoveredFrame>> = HashMap::new();
         for f in &recovery.frames {
@@ -232,12 +301,22 @@ impl Node {
             let replica_id = record.replica_id;
             let fresh = record.checkpoint == 0 && log.is_empty();
             let sm = StateMachine::new(tablet.clone(), seal_tx.clone());
-            let raft = TabletRaft::new(replica_id, config.clone(), NoPeers, log.clone(), sm)
-                .await
-                .map_err(|e| Error::Config(format!("tablet {} raft: {e}", record.id)))?;
-            if fresh {
-                let mut members = BTreeMap::new();
-                members.insert(replica_id, BasicNode::new(options.advertise.clone()));
+            let raft = match &router {
+                Some(router) => {
+                    let net = GroupNetwork::new(router, record.id);
+                    TabletRaft::new(replica_id, config.clone(), net, log.clone(), sm).await
+                }
+                None => TabletRaft::new(replica_id, config.clone(), NoPeers, log.clone(), sm).await,
+            }
+            .map_err(|e| Error::Config(format!("tablet {} raft: {e}", record.id)))?;
+            // Exactly one replica initializes a new group: the one on the
+            // lowest node id of the cell.
+            if fresh && options.node_id == first_node {
+                let members: BTreeMap<u64, BasicNode> = options
+                    .cell_nodes
+                    .iter()
+                    .map(|n| (router::replica_id(record.id, *n), BasicNode::default()))
+                    .collect();
                 raft.initialize(members)
                     .await
                     .map_err(|e| Error::Config(format!("initialize tablet {}: {e}", record.id)))?;
@@ -275,6 +354,7 @@ impl Node {
             replicas,
             stats,
             cancel: CancellationToken::new(),
+            peers: source,
             tasks: Default::default(),
         });
         let tasks = vec![
@@ -292,6 +372,85 @@ impl Node {
     /// The replica whose range holds `vshard`.
     pub fn replica_for(&self, vshard: u32) -> Option<&Arc<Replica>> {
         self.replicas.values().find(|r| r.tablet.contains(vshard))
+    }
+
+    /// The client endpoint of `node`, if known.
+    pub fn endpoint_of(&self, node: u64) -> String {
+        if node == self.options.node_id {
+            return self.options.advertise.clone();
+        }
+        self.options
+            .peer_endpoints
+            .get(&node)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Delivers a Raft message from a peer node to the replica it names.
+    pub async fn handle_raft(
+        &self,
+        group: u64,
+        target_replica: u64,
+        body: &[u8],
+    ) -> std::result::Result<bytes::Bytes, String> {
+        let r = self
+            .replica(group)
+            .ok_or_else(|| format!("tablet {group} is not on node {}", self.options.node_id))?;
+        if r.replica_id != target_replica {
+            return Err(format!(
+                "replica {target_replica} of tablet {group} is not here (this node holds replica {})",
+                r.replica_id
+            ));
+        }
+        if let Ok(router::RaftRpc::Snapshot { vote, data, .. }) =
+            router::decode_msg::<router::RaftRpc>("raft rpc", body)
+        {
+            // A snapshot names segments; fetch the ones this replica lacks
+            // from the leader that sent it before openraft installs it.
+            self.fetch_missing_segments(&r, vote.leader_id.node_id, &data)
+                .await?;
+        }
+        Ok(router::dispatch(&r.raft, &r.tablet.segment_dir, body).await)
+    }
+
+    async fn fetch_missing_segments(
+        &self,
+        r: &Replica,
+        leader_replica: u64,
+        snapshot: &[u8],
+    ) -> std::result::Result<(), String> {
+        let Some(peers) = &self.peers else {
+            return Err("no peers to fetch segments from".into());
+        };
+        let segments =
+            crate::tablet::state_machine::snapshot_segments(snapshot).map_err(|e| e.to_string())?;
+        for seg in segments {
+            let path = r
+                .tablet
+                .segment_dir
+                .join(crate::segment::file_name(&seg.id));
+            if path.exists() {
+                continue;
+            }
+            let bytes = peers
+                .fetch(
+                    router::node_of(leader_replica),
+                    r.tablet.id,
+                    leader_replica,
+                    &seg.id,
+                )
+                .await?;
+            let dir = r.tablet.segment_dir.clone();
+            tokio::task::spawn_blocking(move || {
+                crate::fsutil::create_dir_durable(&dir)?;
+                crate::fsutil::durable_write(&path, &bytes)
+            })
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("store fetched segment {}: {e}", seg.id))?;
+            self.stats.segments_fetched.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// Free bytes on the data directory's filesystem.
@@ -364,8 +523,30 @@ fn sole_voter_in_log(raft: &TabletRaft, me: u64) -> bool {
     m.membership().voter_ids().eq([me])
 }
 
-/// Creates the tablets of a new single-node cell: `n` even vshard ranges.
-fn bootstrap(catalog: &Catalog, n: u32) -> Result<Vec<TabletRecord>> {
+/// The [`Peers`] of a node without peers: never called, because a one-node
+/// cell's groups have no other voter.
+#[derive(Clone)]
+pub enum NoTransport {}
+
+impl Peers for NoTransport {
+    fn call(
+        &self,
+        _node: u64,
+        _group: u64,
+        _target_replica: u64,
+        _lane: router::Lane,
+        _body: bytes::Bytes,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = std::result::Result<bytes::Bytes, String>> + Send + '_,
+        >,
+    > {
+        match *self {}
+    }
+}
+
+/// Creates the tablets of a new cell on this node: `n` even vshard ranges.
+fn bootstrap(catalog: &Catalog, n: u32, node_id: u64) -> Result<Vec<TabletRecord>> {
     let mut out = Vec::new();
     for (i, (lo, hi)) in stele_proto::vshard::even_ranges(n).into_iter().enumerate() {
         let id = i as u64 + 1;
@@ -378,7 +559,7 @@ fn bootstrap(catalog: &Catalog, n: u32) -> Result<Vec<TabletRecord>> {
             checkpoint: 0,
             applied_state: Vec::new(),
             segments: Vec::new(),
-            replica_id: id,
+            replica_id: router::replica_id(id, node_id),
         };
         catalog.put_tablet(&record)?;
         out.push(record);

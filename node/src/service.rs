@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use crate::node::{Node, Replica};
+use crate::raft::router::node_of;
 use crate::segment::Row;
 
 /// Rows returned by one read when the request names no limit.
@@ -74,22 +75,14 @@ fn invalid(field: &str, reason: impl Into<String>) -> ApiError {
 pub fn descriptor(node: &Node, r: &Replica) -> pb::TabletDescriptor {
     let metrics = r.raft.metrics().borrow_watched().clone();
     let data = r.tablet.read();
-    let leader = metrics.current_leader;
+    let leader_node = metrics.current_leader.map(node_of);
     pb::TabletDescriptor {
         id: r.tablet.id,
         vshard_lo: r.tablet.vshard_lo,
         vshard_hi: r.tablet.vshard_hi,
         generation: r.tablet.generation(),
-        leader_node: if leader == Some(r.replica_id) {
-            node.options.node_id
-        } else {
-            0
-        },
-        leader_endpoint: if leader == Some(r.replica_id) {
-            node.options.advertise.clone()
-        } else {
-            String::new()
-        },
+        leader_node: leader_node.unwrap_or(0),
+        leader_endpoint: leader_node.map(|n| node.endpoint_of(n)).unwrap_or_default(),
         applied_index: data.applied_index(),
         checkpoint_index: data.checkpoint,
         memtable_bytes: data.memtable_bytes() as u64,
@@ -162,10 +155,15 @@ impl DataService {
     }
 
     fn not_leader(&self, r: &Replica) -> ApiError {
-        let leader = r.raft.metrics().borrow_watched().current_leader;
+        let leader = r
+            .raft
+            .metrics()
+            .borrow_watched()
+            .current_leader
+            .map(node_of);
         ApiError::NotLeader {
-            leader_node: leader.map(|_| self.node.options.node_id),
-            leader_endpoint: String::new(),
+            leader_node: leader,
+            leader_endpoint: leader.map(|n| self.node.endpoint_of(n)).unwrap_or_default(),
         }
     }
 

@@ -7,6 +7,7 @@
 
 pub mod log_store;
 pub mod network;
+pub mod router;
 #[cfg(test)]
 mod suite_test;
 

@@ -44,6 +44,12 @@ struct TabletSnapshot {
 
 const SNAPSHOT_V: u16 = 1;
 
+/// The segments a snapshot names (a replica must have them to install it).
+pub fn snapshot_segments(data: &[u8]) -> crate::Result<Vec<SegmentRef>> {
+    let snap: TabletSnapshot = decode("tablet snapshot", data)?;
+    Ok(snap.segments)
+}
+
 /// The last snapshot built or installed, shared with the builder.
 type Current = Arc<std::sync::Mutex<Option<(SnapshotMeta, Vec<u8>)>>>;
 
