@@ -407,7 +407,7 @@ impl Node {
         {
             // A snapshot names segments; fetch the ones this replica lacks
             // from the leader that sent it before openraft installs it.
-            self.fetch_missing_segments(&r, vote.leader_id.node_id, &data)
+            self.fetch_missing_segments(r, vote.leader_id.node_id, &data)
                 .await?;
         }
         Ok(router::dispatch(&r.raft, &r.tablet.segment_dir, body).await)

@@ -133,16 +133,13 @@ pub const SEGMENT_CHUNK_BYTES: u32 = 8 << 20;
 
 /// Fetches segment `id` of `group` from `node` (replica `replica`) in
 /// chunks, verifying the content hash before returning it.
-pub async fn fetch_segment<P: Peers + ?Sized>(
+pub async fn fetch_segment<P: Peers>(
     peers: &P,
     node: u64,
     group: u64,
     replica: u64,
     id: &str,
-) -> Result<Vec<u8>, String>
-where
-    P: Sized,
-{
+) -> Result<Vec<u8>, String> {
     let mut out = Vec::new();
     loop {
         let rpc = RaftRpc::FetchSegment {
