@@ -184,15 +184,15 @@ async fn three_replicas_agree_on_segments_and_survive_a_cut_leader() {
     for n in &nodes {
         let mut rows = 0;
         for _ in 0..200 {
-            let data = n.replica(tablet).unwrap().tablet.read();
-            rows = data
-                .scan_key("rep/ns", key.as_bytes(), 0, u64::MAX, None, 1000)
-                .unwrap()
-                .len();
+            rows = {
+                let data = n.replica(tablet).unwrap().tablet.read();
+                data.scan_key("rep/ns", key.as_bytes(), 0, u64::MAX, None, 1000)
+                    .unwrap()
+                    .len()
+            };
             if rows == 150 {
                 break;
             }
-            drop(data);
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         assert_eq!(rows, 150, "node {} is missing rows", n.options.node_id);
