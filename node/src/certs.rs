@@ -350,6 +350,13 @@ impl NodeIdentity {
         })
     }
 
+    /// The same certificate and key, trusting `roots` instead (e.g. the old
+    /// and the new CA during a rotation).
+    pub fn with_roots(mut self, roots: Vec<CertificateDer<'static>>) -> NodeIdentity {
+        self.roots = roots;
+        self
+    }
+
     /// The node id named by the certificate.
     pub fn node_id(&self) -> u64 {
         self.node_id

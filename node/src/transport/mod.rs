@@ -627,12 +627,11 @@ async fn accept_one(inner: Arc<Inner>, incoming: quinn::Incoming) {
             "hello claims node {} but the certificate names node {peer_id}",
             head.group
         );
-        let (h, b) = answer_err(RemoteError::Identity {
-            reason: reason.clone(),
-        });
+        refused(&reason, remote);
+        let (h, b) = answer_err(RemoteError::Identity { reason });
         let _ = write_frame(&mut send, h, b, &inner).await;
         linger_then_close(&conn, inner.limits.connect_timeout, CLOSE_IDENTITY).await;
-        return refused(&reason, remote);
+        return;
     }
     let peer = inner.peer_entry(peer_id);
     // Decide and install under one lock so that a dial finishing on this
