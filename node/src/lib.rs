@@ -3,6 +3,7 @@
 //! See docs/ARCHITECTURE.md for the picture.
 
 pub mod catalog;
+pub mod certs;
 pub mod error;
 pub mod fsutil;
 pub mod journal;
@@ -11,6 +12,7 @@ pub mod raft;
 pub mod segment;
 pub mod service;
 pub mod tablet;
+pub mod transport;
 
 pub use error::{Error, Result};
 pub use node::{Node, NodeOptions};

@@ -1,0 +1,110 @@
+//! What a transport knows about one peer node, and the rule that picks one
+//! connection when both nodes dial each other at once.
+
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// Whether a node `local` refuses an incoming connection from `remote`
+/// because the pair already has (or is about to have) the winning one.
+///
+/// The winner is the connection dialed by the smaller node id. `local`
+/// refuses only when it is the smaller id and its own dial is in flight or
+/// live; the larger id always accepts. Both sides apply the same rule, so
+/// exactly one of two simultaneous dials survives. A connection from a
+/// peer that restarted replaces the old one (which is dead anyway).
+pub(super) fn refuse_incoming(
+    local: u64,
+    remote: u64,
+    dialing: bool,
+    live_dialed_by_us: bool,
+) -> bool {
+    local < remote && (dialing || live_dialed_by_us)
+}
+
+#[derive(Clone)]
+pub(super) struct Link {
+    pub conn: quinn::Connection,
+    pub dialed_by_us: bool,
+}
+
+pub(super) struct PeerState {
+    pub addr: Option<SocketAddr>,
+    pub conn: Option<Link>,
+    pub dialing: bool,
+    pub backoff: Duration,
+    pub next_dial_at: Option<Instant>,
+}
+
+pub(super) struct Peer {
+    pub id: u64,
+    /// Held by the one task dialing this peer.
+    pub dial_lock: tokio::sync::Mutex<()>,
+    pub state: Mutex<PeerState>,
+    /// Woken whenever a connection is installed.
+    pub installed: Notify,
+}
+
+impl Peer {
+    pub fn new(id: u64) -> Peer {
+        Peer {
+            id,
+            dial_lock: tokio::sync::Mutex::new(()),
+            state: Mutex::new(PeerState {
+                addr: None,
+                conn: None,
+                dialing: false,
+                backoff: Duration::ZERO,
+                next_dial_at: None,
+            }),
+            installed: Notify::new(),
+        }
+    }
+
+    pub fn live_conn(&self) -> Option<quinn::Connection> {
+        let st = self.state.lock().unwrap();
+        st.conn
+            .as_ref()
+            .filter(|l| l.conn.close_reason().is_none())
+            .map(|l| l.conn.clone())
+    }
+
+    /// Waits until a live connection is installed, or `deadline`.
+    pub async fn wait_installed(&self, deadline: Instant) -> Option<quinn::Connection> {
+        loop {
+            let notified = self.installed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(conn) = self.live_conn() {
+                return Some(conn);
+            }
+            tokio::time::timeout_at(deadline, notified).await.ok()?;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refuse_incoming;
+
+    #[test]
+    fn simultaneous_dials_leave_one_winner() {
+        // Both sides dialing: only the smaller refuses, so the smaller's
+        // connection is the one both keep.
+        for (a, b) in [(1, 2), (2, 1), (7, 400)] {
+            let a_refuses = refuse_incoming(a, b, true, false);
+            let b_refuses = refuse_incoming(b, a, true, false);
+            assert!(a_refuses ^ b_refuses, "{a} {b}");
+            assert_eq!(a_refuses, a < b);
+        }
+        // Smaller side's dial already live: still refuses the late one.
+        assert!(refuse_incoming(1, 2, false, true));
+        // Nothing going on: accept (first contact or a restarted peer).
+        assert!(!refuse_incoming(1, 2, false, false));
+        // The larger side always accepts.
+        assert!(!refuse_incoming(2, 1, true, true));
+    }
+}

@@ -1,0 +1,475 @@
+//! Transport tests over real UDP sockets on 127.0.0.1.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use rand::RngCore;
+
+use super::frame::{FrameKind, HEADER_BYTES, Header};
+use super::*;
+use crate::certs::{CellCa, NodeIdentity};
+
+/// Hosts groups `0..groups`; group g's replica on node n is `g * 1000 + n`.
+/// Control requests are echoed; bulk requests answer their length.
+struct TestHandler {
+    node: u64,
+    groups: u64,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+fn replica(group: u64, node: u64) -> u64 {
+    group * 1000 + node
+}
+
+impl Handler for TestHandler {
+    fn handle(&self, _from_node: u64, req: Request) -> HandlerFuture {
+        let (node, groups, log) = (self.node, self.groups, self.log.clone());
+        Box::pin(async move {
+            if req.group >= groups {
+                return Err(RemoteError::UnknownGroup { group: req.group });
+            }
+            if req.target_replica != replica(req.group, node) {
+                return Err(RemoteError::UnknownReplica {
+                    group: req.group,
+                    replica: req.target_replica,
+                });
+            }
+            match req.kind {
+                MsgKind::Control => Ok(req.body),
+                MsgKind::Bulk => {
+                    log.lock().unwrap().push("bulk received".into());
+                    Ok(Bytes::copy_from_slice(
+                        &(req.body.len() as u64).to_le_bytes(),
+                    ))
+                }
+            }
+        })
+    }
+}
+
+fn options(identity: NodeIdentity, listen: SocketAddr) -> TransportOptions {
+    let mut o = TransportOptions::new(identity.node_id(), listen, identity);
+    o.connect_timeout = Duration::from_secs(2);
+    o.reconnect_backoff_min = Duration::from_millis(20);
+    o.reconnect_backoff_max = Duration::from_millis(200);
+    o
+}
+
+fn any_port() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+fn bind(opts: TransportOptions, groups: u64) -> (Transport, Arc<Mutex<Vec<String>>>) {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let handler = Arc::new(TestHandler {
+        node: opts.node_id,
+        groups,
+        log: log.clone(),
+    });
+    (Transport::bind(opts, handler).unwrap(), log)
+}
+
+/// `n` transports of one ephemeral cell, each knowing every other's address.
+fn cell(n: u64, groups: u64) -> (CellCa, Vec<Arc<Transport>>) {
+    let (ca, ids) = NodeIdentity::ephemeral_cell(n).unwrap();
+    let ts: Vec<Arc<Transport>> = ids
+        .into_iter()
+        .map(|id| Arc::new(bind(options(id, any_port()), groups).0))
+        .collect();
+    for a in &ts {
+        for b in &ts {
+            if a.node_id() != b.node_id() {
+                a.set_peer(b.node_id(), b.local_addr().unwrap());
+            }
+        }
+    }
+    (ca, ts)
+}
+
+fn control(group: u64, node: u64, body: &'static [u8]) -> Request {
+    Request {
+        group,
+        target_replica: replica(group, node),
+        kind: MsgKind::Control,
+        body: Bytes::from_static(body),
+    }
+}
+
+async fn shutdown_all(ts: &[Arc<Transport>]) {
+    for t in ts {
+        t.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_connection_per_pair_whatever_the_group_count() {
+    const GROUPS: u64 = 1000;
+    let (_ca, ts) = cell(3, GROUPS);
+    let mut calls = Vec::new();
+    for group in 0..GROUPS {
+        for a in 0..3 {
+            for b in 0..3 {
+                if a == b {
+                    continue;
+                }
+                let from = ts[a].clone();
+                let to = ts[b].node_id();
+                calls.push(async move {
+                    let body = Bytes::from(format!("g{group} {a}->{b}"));
+                    let req = Request {
+                        group,
+                        target_replica: replica(group, to),
+                        kind: MsgKind::Control,
+                        body: body.clone(),
+                    };
+                    (from.call(to, req).await, body)
+                });
+            }
+        }
+    }
+    let results = futures::future::join_all(calls).await;
+    assert_eq!(results.len(), 6000);
+    for (got, want) in results {
+        assert_eq!(got.unwrap(), want);
+    }
+    for t in &ts {
+        let stats = t.stats();
+        let others: BTreeMap<u64, u64> = ts
+            .iter()
+            .filter(|o| o.node_id() != t.node_id())
+            .map(|o| (o.node_id(), 1))
+            .collect();
+        assert_eq!(
+            stats.open_per_peer,
+            others,
+            "node {}: {stats:?}",
+            t.node_id()
+        );
+        assert_eq!(stats.connections_open, 2);
+        assert_eq!(stats.rejected_frames, 0);
+    }
+    // Each pair was set up exactly once: one dial on one side, one accept
+    // on the other.
+    let dialed: u64 = ts.iter().map(|t| t.stats().connections_dialed).sum();
+    let accepted: u64 = ts.iter().map(|t| t.stats().connections_accepted).sum();
+    assert_eq!((dialed, accepted), (3, 3));
+    shutdown_all(&ts).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typed_remote_errors_and_calls_to_self() {
+    let (_ca, ts) = cell(2, 10);
+    let err = ts[0].call(2, control(10, 2, b"x")).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Remote {
+                peer: 2,
+                error: RemoteError::UnknownGroup { group: 10 }
+            }
+        ),
+        "{err:?}"
+    );
+    let err = ts[0].call(2, control(3, 1, b"x")).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Remote {
+                error: RemoteError::UnknownReplica { .. },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(ts[1].stats().unknown_targets, 2);
+    assert_eq!(ts[0].call(1, control(3, 1, b"me")).await.unwrap(), "me");
+    assert!(matches!(
+        ts[0].call(9, control(3, 9, b"x")).await,
+        Err(Error::UnknownPeer { peer: 9 })
+    ));
+    ts[0].remove_peer(2);
+    assert!(matches!(
+        ts[0].call(2, control(3, 2, b"x")).await,
+        Err(Error::UnknownPeer { peer: 2 })
+    ));
+    shutdown_all(&ts).await;
+    assert!(matches!(
+        ts[0].call(1, control(3, 1, b"x")).await,
+        Err(Error::ShutDown)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_from_another_ca_is_refused() {
+    let (ca, ts) = cell(2, 10);
+    let (_other_ca, other_ids) = NodeIdentity::ephemeral_cell(3).unwrap();
+    // Node 3 of another cell, trusting our CA so that it accepts our server
+    // certificate: only our server's check of its certificate stands in its way.
+    let rogue_id = other_ids[2].clone().with_roots(vec![ca.cert_der().clone()]);
+    let (rogue, _) = bind(options(rogue_id, any_port()), 10);
+    rogue.set_peer(1, ts[0].local_addr().unwrap());
+    let err = rogue
+        .call(1, control(3, 1, b"let me in"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Connect { peer: 1, .. }), "{err:?}");
+    let stats = ts[0].stats();
+    assert_eq!(stats.connections_refused, 1, "{stats:?}");
+    assert_eq!(stats.connections_open, 0);
+    // The server goes on serving its cell.
+    assert_eq!(ts[1].call(1, control(3, 1, b"hi")).await.unwrap(), "hi");
+    assert_eq!(ts[0].stats().open_per_peer, BTreeMap::from([(2, 1)]));
+    rogue.shutdown().await;
+    shutdown_all(&ts).await;
+}
+
+/// A hand-driven client holding node 2's valid certificate.
+struct RawClient {
+    _endpoint: quinn::Endpoint,
+    conn: quinn::Connection,
+}
+
+impl RawClient {
+    async fn connect(identity: &NodeIdentity, server: SocketAddr, claim: u64) -> (Self, Header) {
+        let tc = Arc::new(quinn::TransportConfig::default());
+        let cfg = tls::client_config(identity, tc).unwrap();
+        let endpoint = quinn::Endpoint::client(any_port()).unwrap();
+        let conn = endpoint
+            .connect_with(cfg, server, "node-1.stele")
+            .unwrap()
+            .await
+            .unwrap();
+        let client = RawClient {
+            _endpoint: endpoint,
+            conn,
+        };
+        let hello = Header {
+            kind: FrameKind::Hello,
+            group: claim,
+            target: 0,
+            length: 0,
+        };
+        let answer = client.exchange(&hello.encode()).await;
+        (client, answer.0)
+    }
+
+    /// Sends `bytes` on a new stream, finishes it, returns the answer.
+    async fn exchange(&self, bytes: &[u8]) -> (Header, Bytes) {
+        let (mut send, mut recv) = self.conn.open_bi().await.unwrap();
+        // The server may stop reading early (oversized frame); that is fine.
+        let _ = send.write_all(bytes).await;
+        let _ = send.finish();
+        let answer = recv.read_to_end(1 << 20).await.unwrap();
+        let mut head = [0u8; HEADER_BYTES];
+        head.copy_from_slice(&answer[..HEADER_BYTES]);
+        let header = Header::decode(&head, 1 << 20).unwrap();
+        (header, Bytes::copy_from_slice(&answer[HEADER_BYTES..]))
+    }
+}
+
+fn remote_error(answer: (Header, Bytes)) -> RemoteError {
+    assert_eq!(answer.0.kind, FrameKind::Err);
+    conn::decode_remote_error(&answer.1).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_frames_are_rejected_and_counted() {
+    const MAX: u64 = 1 << 20;
+    let (_ca, ids) = NodeIdentity::ephemeral_cell(2).unwrap();
+    let mut o1 = options(ids[0].clone(), any_port());
+    o1.message_bytes_max = MAX;
+    let (server, _) = bind(o1, 10);
+    let addr = server.local_addr().unwrap();
+
+    // A hello that claims another node's id is refused.
+    let (_liar, answer) = RawClient::connect(&ids[1], addr, 7).await;
+    assert_eq!(answer.kind, FrameKind::Err);
+    assert_eq!(server.stats().connections_refused, 1);
+
+    let (raw, answer) = RawClient::connect(&ids[1], addr, 2).await;
+    assert_eq!(answer.kind, FrameKind::HelloOk);
+    let header = |kind, group, length| {
+        Header {
+            kind,
+            group,
+            target: replica(group, 1),
+            length,
+        }
+        .encode()
+    };
+
+    let mut random = vec![0u8; 500];
+    rand::rng().fill_bytes(&mut random);
+    random[0] = 0xFF; // never the magic
+    let mut truncated = header(FrameKind::Control, 3, 100).to_vec();
+    truncated.extend_from_slice(&[1; 10]);
+    let oversized = header(FrameKind::Bulk, 3, MAX as u32 + 1).to_vec();
+    let mut trailing = header(FrameKind::Control, 3, 2).to_vec();
+    trailing.extend_from_slice(b"ok!");
+    let wrong_kind = header(FrameKind::Hello, 3, 0).to_vec();
+    let short = b"SN".to_vec();
+
+    let cases: [(&str, Vec<u8>); 6] = [
+        ("random", random),
+        ("truncated", truncated),
+        ("oversized", oversized),
+        ("trailing", trailing),
+        ("wrong kind", wrong_kind),
+        ("short header", short),
+    ];
+    for (i, (name, bytes)) in cases.iter().enumerate() {
+        let error = remote_error(raw.exchange(bytes).await);
+        match (*name, &error) {
+            ("oversized", RemoteError::TooLarge { bytes, max_bytes }) => {
+                assert_eq!((*bytes, *max_bytes), (MAX + 1, MAX));
+            }
+            ("oversized", _) => panic!("oversized: {error:?}"),
+            (_, RemoteError::Protocol { .. }) => {}
+            _ => panic!("{name}: {error:?}"),
+        }
+        assert_eq!(server.stats().rejected_frames, i as u64 + 1, "{name}");
+    }
+
+    // A well-formed frame for a group not hosted here: answered, counted.
+    let mut unknown = header(FrameKind::Control, 99, 1).to_vec();
+    unknown.push(0);
+    assert_eq!(
+        remote_error(raw.exchange(&unknown).await),
+        RemoteError::UnknownGroup { group: 99 }
+    );
+    assert_eq!(server.stats().unknown_targets, 1);
+
+    // The same connection still works, and so does a normal transport.
+    let mut good = header(FrameKind::Control, 3, 2).to_vec();
+    good.extend_from_slice(b"ok");
+    let (head, body) = raw.exchange(&good).await;
+    assert_eq!((head.kind, &body[..]), (FrameKind::Ok, &b"ok"[..]));
+    let (client, _) = bind(options(ids[1].clone(), any_port()), 10);
+    client.set_peer(1, addr);
+    assert_eq!(
+        client.call(1, control(4, 1, b"fine")).await.unwrap(),
+        "fine"
+    );
+    assert_eq!(server.stats().rejected_frames, 6);
+    client.shutdown().await;
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnects_after_the_peer_comes_back() {
+    let (_ca, ids) = NodeIdentity::ephemeral_cell(2).unwrap();
+    let (t1, _) = bind(options(ids[0].clone(), any_port()), 10);
+    let (t2, _) = bind(options(ids[1].clone(), any_port()), 10);
+    let addr2 = t2.local_addr().unwrap();
+    t1.set_peer(2, addr2);
+    assert_eq!(t1.call(2, control(1, 2, b"a")).await.unwrap(), "a");
+    t2.shutdown().await;
+    drop(t2);
+    assert!(t1.call(2, control(1, 2, b"b")).await.is_err());
+
+    // Same address again; the socket may take a moment to be released.
+    let mut rebound = None;
+    for _ in 0..50 {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let handler = Arc::new(TestHandler {
+            node: 2,
+            groups: 10,
+            log,
+        });
+        match Transport::bind(options(ids[1].clone(), addr2), handler) {
+            Ok(t) => {
+                rebound = Some(t);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    let t2 = rebound.expect("rebind the same address");
+    let mut answered = None;
+    for _ in 0..100 {
+        match t1.call(2, control(1, 2, b"c")).await {
+            Ok(body) => {
+                answered = Some(body);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    assert_eq!(answered.expect("calls succeed again"), "c");
+    assert_eq!(t1.stats().open_per_peer, BTreeMap::from([(2, 1)]));
+    t1.shutdown().await;
+    t2.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_does_not_block_control() {
+    const BULK: usize = 32 << 20;
+    let (_ca, ids) = NodeIdentity::ephemeral_cell(2).unwrap();
+    let (t1, _) = bind(options(ids[0].clone(), any_port()), 10);
+    let (t2, log) = bind(options(ids[1].clone(), any_port()), 10);
+    t1.set_peer(2, t2.local_addr().unwrap());
+    let t1 = Arc::new(t1);
+    // Connect first so that the bulk transfer's progress can be observed.
+    assert_eq!(t1.call(2, control(1, 2, b"warm")).await.unwrap(), "warm");
+    let conn = t1.inner.peers.lock().unwrap()[&2].live_conn().unwrap();
+    let sent_before = conn.stats().udp_tx.bytes;
+
+    let bulk = {
+        let t1 = t1.clone();
+        let log = log.clone();
+        tokio::spawn(async move {
+            let req = Request {
+                group: 2,
+                target_replica: replica(2, 2),
+                kind: MsgKind::Bulk,
+                body: Bytes::from(vec![7u8; BULK]),
+            };
+            let answer = t1.call(2, req).await;
+            log.lock().unwrap().push("bulk answered".into());
+            answer
+        })
+    };
+    // Wait until the bulk transfer is under way (1 MiB on the wire).
+    while conn.stats().udp_tx.bytes < sent_before + (1 << 20) {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    for i in 0..10 {
+        assert_eq!(t1.call(2, control(3, 2, b"ctl")).await.unwrap(), "ctl");
+        log.lock().unwrap().push(format!("control {i}"));
+    }
+    let answer = bulk.await.unwrap().unwrap();
+    assert_eq!(answer[..], (BULK as u64).to_le_bytes());
+    let log = log.lock().unwrap().clone();
+    let bulk_at = log.iter().position(|e| e == "bulk received").unwrap();
+    let controls_done = log.iter().position(|e| e == "control 9").unwrap();
+    assert!(controls_done < bulk_at, "{log:?}");
+    t1.shutdown().await;
+    t2.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn options_are_validated() {
+    let (_ca, ids) = NodeIdentity::ephemeral_cell(2).unwrap();
+    let mut o = options(ids[0].clone(), any_port());
+    o.node_id = 2;
+    assert!(matches!(o.validate(), Err(Error::Config(_))));
+    let mut o = options(ids[0].clone(), any_port());
+    o.message_bytes_max = u64::from(u32::MAX) + 1;
+    assert!(matches!(o.validate(), Err(Error::Config(_))));
+    let (t1, _) = bind(options(ids[0].clone(), any_port()), 10);
+    let err = t1
+        .call(
+            2,
+            Request {
+                body: Bytes::from(vec![0; (64 << 20) + 1]),
+                ..control(1, 2, b"")
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::TooLarge { .. }), "{err:?}");
+    t1.shutdown().await;
+}
