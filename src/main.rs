@@ -38,6 +38,27 @@ enum Command {
     Scan(ops::ScanArgs),
     /// Measure durable appends against a running cell, or the raw fsync rate of a device.
     Bench(ops::BenchArgs),
+    /// Cell CA and node certificates for node-to-node mutual TLS.
+    #[command(subcommand)]
+    Cert(CertCommand),
+}
+
+#[derive(Subcommand)]
+enum CertCommand {
+    /// Create a cell CA (ca.key, ca.pem) in a new directory.
+    Init {
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Issue a node certificate (node.key, node.pem, ca.pem) signed by the cell CA.
+    Node {
+        #[arg(long)]
+        ca: PathBuf,
+        #[arg(long)]
+        node_id: u64,
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 #[derive(clap::Args)]
@@ -66,8 +87,28 @@ struct ServerArgs {
     /// Tablets to create in a new data directory.
     #[arg(long, default_value_t = 16)]
     tablets: u32,
+    /// Node-to-node (QUIC) address; needed with --peers.
+    #[arg(long)]
+    peer_listen: Option<SocketAddr>,
+    /// The other nodes of the cell: `ID=HOST:PORT,...` (their --peer-listen).
+    #[arg(long, value_delimiter = ',', value_parser = parse_id_pair)]
+    peers: Vec<(u64, String)>,
+    /// Client endpoints of the other nodes, for leader hints: `ID=URL,...`.
+    #[arg(long, value_delimiter = ',', value_parser = parse_id_pair)]
+    peer_endpoints: Vec<(u64, String)>,
+    /// This node's certificate directory (node.key, node.pem, ca.pem).
+    #[arg(long)]
+    certs: Option<PathBuf>,
     #[command(flatten)]
     tuning: Tuning,
+}
+
+fn parse_id_pair(s: &str) -> Result<(u64, String), String> {
+    let (id, rest) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: want ID=VALUE"))?;
+    let id = id.parse().map_err(|_| format!("{id:?} is not a node id"))?;
+    Ok((id, rest.to_string()))
 }
 
 /// Storage tuning shared by `dev` and `server`.
@@ -130,7 +171,19 @@ fn node_options(
     o
 }
 
-async fn run_server(options: NodeOptions, listen: SocketAddr, label: &str) -> anyhow::Result<()> {
+/// Node-to-node settings of a multi-node cell.
+struct Peering {
+    listen: SocketAddr,
+    peers: Vec<(u64, SocketAddr)>,
+    certs: PathBuf,
+}
+
+async fn run_server(
+    options: NodeOptions,
+    listen: SocketAddr,
+    label: &str,
+    peering: Option<Peering>,
+) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("bind {listen}"))?;
@@ -139,7 +192,36 @@ async fn run_server(options: NodeOptions, listen: SocketAddr, label: &str) -> an
     options.advertise = format!("http://{addr}");
     let data_dir = options.data_dir.clone();
     let tablets = options.initial_tablets;
-    let node: Arc<Node> = Node::open(options).await.context("open node")?;
+    let node: Arc<Node> = match peering {
+        None => Node::open(options).await.context("open node")?,
+        Some(p) => {
+            use stele_node::peering::{RaftHandler, SharedTransport};
+            use stele_node::transport::{Transport, TransportOptions};
+            let identity = stele_node::certs::NodeIdentity::load(&p.certs)
+                .with_context(|| format!("load node certificate from {}", p.certs.display()))?;
+            anyhow::ensure!(
+                identity.node_id() == options.node_id,
+                "certificate in {} is for node {}, not {}",
+                p.certs.display(),
+                identity.node_id(),
+                options.node_id
+            );
+            let handler = RaftHandler::new();
+            let transport = Transport::bind(
+                TransportOptions::new(options.node_id, p.listen, identity),
+                handler.clone(),
+            )
+            .context("bind peer transport")?;
+            for (id, peer) in &p.peers {
+                transport.set_peer(*id, *peer);
+            }
+            let node = Node::open_with_peers(options, Some(SharedTransport(Arc::new(transport))))
+                .await
+                .context("open node")?;
+            handler.set_node(&node);
+            node
+        }
+    };
     node.wait_ready(Duration::from_secs(60))
         .await
         .context("tablets not ready")?;
@@ -203,11 +285,50 @@ fn run() -> anyhow::Result<()> {
                     a.listen
                 );
                 let o = node_options(a.data_dir, 1, a.tablets, String::new(), &a.tuning);
-                run_server(o, a.listen, "dev").await
+                run_server(o, a.listen, "dev", None).await
             }
             Command::Server(a) => {
-                let o = node_options(a.data_dir, a.node_id, a.tablets, String::new(), &a.tuning);
-                run_server(o, a.listen, "server").await
+                let mut o =
+                    node_options(a.data_dir, a.node_id, a.tablets, String::new(), &a.tuning);
+                let peering = if a.peers.is_empty() {
+                    None
+                } else {
+                    let listen = a.peer_listen.context("--peers needs --peer-listen")?;
+                    let certs = a
+                        .certs
+                        .context("--peers needs --certs (see `stele cert`)")?;
+                    let mut peers = Vec::new();
+                    for (id, addr) in &a.peers {
+                        let addr: SocketAddr = addr
+                            .parse()
+                            .with_context(|| format!("peer {id} address {addr:?}"))?;
+                        peers.push((*id, addr));
+                    }
+                    o.cell_nodes = std::iter::once(a.node_id)
+                        .chain(peers.iter().map(|(id, _)| *id))
+                        .collect();
+                    o.cell_nodes.sort_unstable();
+                    o.cell_nodes.dedup();
+                    o.peer_endpoints = a.peer_endpoints.into_iter().collect();
+                    Some(Peering {
+                        listen,
+                        peers,
+                        certs,
+                    })
+                };
+                run_server(o, a.listen, "server", peering).await
+            }
+            Command::Cert(CertCommand::Init { out }) => {
+                stele_node::certs::init_ca(&out)
+                    .with_context(|| format!("create CA in {}", out.display()))?;
+                println!("cell CA written to {}", out.display());
+                Ok(())
+            }
+            Command::Cert(CertCommand::Node { ca, node_id, out }) => {
+                stele_node::certs::issue_node(&ca, node_id, &out)
+                    .with_context(|| format!("issue node {node_id} certificate"))?;
+                println!("node {node_id} certificate written to {}", out.display());
+                Ok(())
             }
             Command::Append(a) => ops::run_append(a).await,
             Command::Scan(a) => ops::run_scan(a).await,

@@ -507,6 +507,7 @@ impl Client {
                     retry::Decision::GiveUp => return Err(give_up(err, attempt, started)),
                     retry::Decision::Backoff(wait) => {
                         tracing::debug!(error = %err, ?wait, attempt, "append: retrying");
+                        self.after_unreachable(&err, tablet).await;
                         tokio::time::sleep(wait).await;
                     }
                     retry::Decision::Redirect(wait) => {
@@ -579,6 +580,28 @@ impl Client {
         }
     }
 
+    /// After a failure that is not a node's typed answer (the leader's
+    /// endpoint did not answer at all), stop trusting that leader: send the
+    /// next attempt to the seed, which answers or redirects, and refresh
+    /// the routes from it.
+    async fn after_unreachable(&self, err: &Error, tablet: Option<u64>) {
+        let typed =
+            matches!(err.api(), Some(e) if !matches!(e, stele_proto::Error::Unavailable { .. }));
+        if typed {
+            return;
+        }
+        if let Some(t) = tablet {
+            self.inner
+                .routes
+                .write()
+                .expect("routes lock")
+                .forget_leader(t);
+        }
+        if let Err(e) = self.refresh_routes().await {
+            tracing::debug!(error = %e, "route refresh failed");
+        }
+    }
+
     fn endpoint_of<'a>(&'a self, route: &'a Route) -> &'a str {
         if route.leader_endpoint.is_empty() {
             &self.inner.seed
@@ -626,7 +649,10 @@ impl Client {
             }
             match policy.decide(kind, attempt, redirects, started.elapsed(), jitter()) {
                 retry::Decision::GiveUp => return Err(give_up(err, attempt, started)),
-                retry::Decision::Backoff(wait) => tokio::time::sleep(wait).await,
+                retry::Decision::Backoff(wait) => {
+                    self.after_unreachable(&err, tablet).await;
+                    tokio::time::sleep(wait).await
+                }
                 retry::Decision::Redirect(wait) => {
                     self.fix_routes(&err, tablet).await;
                     tokio::time::sleep(wait).await;

@@ -136,6 +136,16 @@ impl RouteTable {
         }
     }
 
+    /// Forgets a tablet's leader (its endpoint stopped answering): requests
+    /// go to the seed until a refresh or a `NotLeader` hint names one.
+    pub fn forget_leader(&mut self, tablet: u64) {
+        if let Some(lo) = self.get(tablet).map(|r| r.lo) {
+            let route = self.by_lo.get_mut(&lo).expect("found above");
+            route.leader_endpoint.clear();
+            route.leader_node = 0;
+        }
+    }
+
     /// Forgets a tablet (after `TabletNotFound`).
     pub fn remove(&mut self, tablet: u64) -> bool {
         let lo = self.get(tablet).map(|r| r.lo);
