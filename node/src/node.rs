@@ -402,9 +402,13 @@ impl Node {
                 r.replica_id
             ));
         }
-        if let Ok(router::RaftRpc::Snapshot { vote, data, .. }) =
-            router::decode_msg::<router::RaftRpc>("raft rpc", body)
-        {
+        let rpc = router::decode_msg::<router::RaftRpc>("raft rpc", body);
+        if let Ok(router::RaftRpc::Append(req)) = &rpc {
+            let commit = req.leader_commit.as_ref().map_or(0, |l| l.index());
+            *r.tablet.leader_contact.lock().expect("lock poisoned") =
+                Some((std::time::Instant::now(), commit));
+        }
+        if let Ok(router::RaftRpc::Snapshot { vote, data, .. }) = rpc {
             // A snapshot names segments; fetch the ones this replica lacks
             // from the leader that sent it before openraft installs it.
             self.fetch_missing_segments(r, vote.leader_id.node_id, &data)

@@ -325,8 +325,15 @@ impl DataService {
                 if r.is_leader() {
                     return Ok(());
                 }
-                let since = r.tablet.last_apply.read().expect("lock poisoned").elapsed();
-                let staleness_ms = since.as_millis() as u64;
+                // A follower's data is complete up to the commit index its
+                // leader sent in the last message it got; its age bounds
+                // the staleness, once that index is applied here.
+                let contact = *r.tablet.leader_contact.lock().expect("lock poisoned");
+                let applied = r.tablet.read().applied_index();
+                let staleness_ms = match contact {
+                    Some((at, commit)) if applied >= commit => at.elapsed().as_millis() as u64,
+                    _ => u64::MAX,
+                };
                 if staleness_ms > read.max_staleness_ms {
                     return Err(ApiError::TooStale {
                         staleness_ms,

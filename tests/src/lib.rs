@@ -129,6 +129,11 @@ impl Drop for Proc {
     }
 }
 
+/// Sends `sig` to a child process by pid (SIGSTOP, SIGCONT, ...).
+pub fn signal(pid: u32, sig: i32) {
+    send_signal(pid, sig)
+}
+
 #[allow(unsafe_code)]
 fn send_signal(pid: u32, sig: i32) {
     // SAFETY: kill(2) with a pid of a child we own; no memory is touched.

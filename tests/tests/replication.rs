@@ -137,6 +137,23 @@ fn opts() -> ClientOptions {
     }
 }
 
+async fn bounded_scan(endpoint: &str, max_staleness_ms: u64) -> Result<usize, stele_proto::Error> {
+    let mut c = DataClient::connect(endpoint.to_string()).await.unwrap();
+    c.scan(pb::ScanRequest {
+        namespace: "rep/cell".into(),
+        limit: 10,
+        read: Some(pb::ReadOptions {
+            consistency: pb::Consistency::Bounded as i32,
+            max_staleness_ms,
+            partial: false,
+        }),
+        ..Default::default()
+    })
+    .await
+    .map(|r| r.into_inner().rows.len())
+    .map_err(|s| stele_proto::Error::from_status(&s))
+}
+
 /// Every record of the namespace as one node's own replicas hold it.
 async fn local_rows(endpoint: &str) -> Vec<pb::Row> {
     let mut c = DataClient::connect(endpoint.to_string()).await.unwrap();
@@ -281,6 +298,30 @@ async fn leader_killed_new_leader_serves_and_replicas_converge() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(ok, "replicas did not converge on every acknowledged record");
+
+    // Bounded-staleness reads on a follower: fresh while the leader talks to
+    // it, `TooStale` once the leader has been silent longer than asked.
+    let (ns_lo, _) = stele_proto::vshard::namespace_range("rep/cell");
+    let client = Client::connect(&cell.endpoint(seed), opts()).await.unwrap();
+    let t = client
+        .list_tablets()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|t| ns_lo >= t.vshard_lo && u64::from(ns_lo) < t.vshard_hi)
+        .unwrap();
+    let leader = t.leader_node as usize;
+    let follower = (1..=3).find(|n| *n != leader).unwrap();
+    assert!(bounded_scan(&cell.endpoint(follower), 2000).await.unwrap() > 0);
+    let pid = procs[&leader].child.id();
+    stele_tests::signal(pid, libc::SIGSTOP);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let stale = bounded_scan(&cell.endpoint(follower), 300).await;
+    stele_tests::signal(pid, libc::SIGCONT);
+    assert!(
+        matches!(stale, Err(stele_proto::Error::TooStale { .. })),
+        "a follower cut off from its leader for 1.2 s answered a 300 ms bounded read: {stale:?}"
+    );
     for (_, p) in procs {
         p.terminate();
     }

@@ -96,7 +96,9 @@ pub struct Tablet {
     pub segment_dir: PathBuf,
     pub catalog: Catalog,
     pub stats: TabletStats,
-    pub last_apply: RwLock<Instant>,
+    /// When this replica last heard from its leader, and the leader's
+    /// commit index then: a follower's bound on how stale its reads are.
+    pub leader_contact: std::sync::Mutex<Option<(Instant, u64)>>,
     data: RwLock<TabletData>,
 }
 
@@ -150,7 +152,7 @@ impl Tablet {
             segment_dir,
             catalog,
             stats: TabletStats::default(),
-            last_apply: RwLock::new(Instant::now()),
+            leader_contact: std::sync::Mutex::new(None),
             data: RwLock::new(TabletData {
                 memtable: Memtable::default(),
                 frozen: Vec::new(),

@@ -7,7 +7,6 @@
 
 use std::io::{self, Cursor};
 use std::sync::Arc;
-use std::time::Instant;
 
 use futures::{Stream, TryStreamExt};
 use openraft::entry::RaftEntry;
@@ -214,7 +213,6 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
                 data.applied = Some(log_id);
                 response
             };
-            *self.tablet.last_apply.write().expect("lock poisoned") = Instant::now();
             if let Some(index) = seal {
                 // The worker owns the rest; if it is gone the node is
                 // shutting down and the seal replays after restart.
