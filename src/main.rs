@@ -3,6 +3,7 @@
 //! This file only wires arguments to the crates; behaviour lives in
 //! `stele-node` (the server) and `stele-client` (everything that talks to one).
 
+mod dev_cell;
 mod ops;
 
 use std::net::SocketAddr;
@@ -72,6 +73,10 @@ struct DevArgs {
     /// Tablets to create in a new data directory.
     #[arg(long, default_value_t = 16)]
     tablets: u32,
+    /// Nodes in the cell: more than one runs each as its own `stele server`
+    /// process on consecutive ports, every tablet on every node.
+    #[arg(long, default_value_t = 1)]
+    nodes: u64,
     #[command(flatten)]
     tuning: Tuning,
 }
@@ -141,6 +146,38 @@ struct Tuning {
     /// Tablet election timeout (minimum; the maximum is twice it), in ms.
     #[arg(long, default_value_t = 3000)]
     election_timeout_ms: u64,
+}
+
+impl Tuning {
+    /// The same settings as command-line flags (for child processes).
+    fn to_args(&self) -> Vec<String> {
+        [
+            ("--memtable-bytes-max", self.memtable_bytes_max.to_string()),
+            (
+                "--journal-file-bytes-max",
+                self.journal_file_bytes_max.to_string(),
+            ),
+            (
+                "--journal-retained-bytes-max",
+                self.journal_retained_bytes_max.to_string(),
+            ),
+            ("--disk-reserve-bytes", self.disk_reserve_bytes.to_string()),
+            (
+                "--journal-reserve-bytes",
+                self.journal_reserve_bytes.to_string(),
+            ),
+            ("--linger-us", self.linger_us.to_string()),
+            ("--batch-bytes-max", self.batch_bytes_max.to_string()),
+            ("--batch-records-max", self.batch_records_max.to_string()),
+            (
+                "--election-timeout-ms",
+                self.election_timeout_ms.to_string(),
+            ),
+        ]
+        .into_iter()
+        .flat_map(|(k, v)| [k.to_string(), v])
+        .collect()
+    }
 }
 
 fn node_options(
@@ -284,6 +321,13 @@ fn run() -> anyhow::Result<()> {
                     "stele dev serves plaintext and listens on loopback only; got {}",
                     a.listen
                 );
+                if a.nodes > 1 {
+                    let flags = dev_cell::ChildFlags {
+                        tablets: a.tablets,
+                        tuning: a.tuning.to_args(),
+                    };
+                    return dev_cell::run(&a.data_dir, a.listen, a.nodes, flags).await;
+                }
                 let o = node_options(a.data_dir, 1, a.tablets, String::new(), &a.tuning);
                 run_server(o, a.listen, "dev", None).await
             }

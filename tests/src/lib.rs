@@ -58,17 +58,15 @@ impl Proc {
         let (err_tx, err_rx) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if err_tx.send(line).is_err() {
-                    break;
-                }
+                let _ = err_tx.send(line);
             }
         });
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
+            // Keep draining after the caller stops listening: a child whose
+            // stdout pipe closes would fail its next write.
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
+                let _ = tx.send(line);
             }
         });
         loop {

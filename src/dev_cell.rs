@@ -1,0 +1,151 @@
+//! `stele dev --nodes N` (N > 1): a whole cell on loopback, one `stele
+//! server` child process per node, certificates made on first start.
+//!
+//! ```text
+//! <data>/certs/ca, <data>/certs/node-<i>     cell CA and node certificates
+//! <data>/node-<i>/                           each node's data directory
+//! client API  127.0.0.1:<port + i - 1>       (port from --listen)
+//! peer QUIC   127.0.0.1:<port + 100 + i - 1>
+//! ```
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use anyhow::Context;
+
+/// The server flags a child needs besides its identity, addresses and peers.
+pub struct ChildFlags {
+    pub tablets: u32,
+    pub tuning: Vec<String>,
+}
+
+fn ensure_certs(dir: &Path, nodes: u64) -> anyhow::Result<()> {
+    let ca = dir.join("ca");
+    if !ca.join(stele_node::certs::CA_CERT_FILE).exists() {
+        stele_node::certs::init_ca(&ca).context("create the dev cell CA")?;
+    }
+    for n in 1..=nodes {
+        let out = dir.join(format!("node-{n}"));
+        if !out.join(stele_node::certs::NODE_CERT_FILE).exists() {
+            stele_node::certs::issue_node(&ca, n, &out)
+                .with_context(|| format!("issue node {n} certificate"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Prints a line; a closed stdout is not a reason to stop the cell.
+fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+#[allow(unsafe_code)]
+fn terminate(child: &Child) {
+    // SAFETY: kill(2) on the pid of a child this process spawned and has
+    // not yet reaped; no memory is involved.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+}
+
+/// Runs the cell until Ctrl-C or SIGTERM, then stops every node.
+pub async fn run(
+    data_dir: &Path,
+    listen: SocketAddr,
+    nodes: u64,
+    flags: ChildFlags,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        (2..=9).contains(&nodes),
+        "--nodes must be 1 to 9 for a dev cell"
+    );
+    anyhow::ensure!(
+        listen.port() != 0 && u32::from(listen.port()) + 100 + nodes as u32 <= 65_535,
+        "--nodes needs a fixed --listen port (peers must know each other's addresses)"
+    );
+    std::fs::create_dir_all(data_dir).with_context(|| format!("create {}", data_dir.display()))?;
+    let certs = data_dir.join("certs");
+    ensure_certs(&certs, nodes)?;
+    let ip = listen.ip();
+    let client = |n: u64| SocketAddr::new(ip, listen.port() + (n - 1) as u16);
+    let peer = |n: u64| SocketAddr::new(ip, listen.port() + 100 + (n - 1) as u16);
+    let exe = std::env::current_exe().context("locate the stele binary")?;
+    let mut children: Vec<(u64, Child)> = Vec::new();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(u64, String)>();
+    for n in 1..=nodes {
+        let others: Vec<u64> = (1..=nodes).filter(|m| *m != n).collect();
+        let peers = others
+            .iter()
+            .map(|m| format!("{m}={}", peer(*m)))
+            .collect::<Vec<_>>()
+            .join(",");
+        let endpoints = others
+            .iter()
+            .map(|m| format!("{m}=http://{}", client(*m)))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cmd = Command::new(&exe);
+        cmd.arg("server")
+            .args(["--node-id", &n.to_string()])
+            .args(["--listen", &client(n).to_string()])
+            .args(["--peer-listen", &peer(n).to_string()])
+            .arg("--data-dir")
+            .arg(data_dir.join(format!("node-{n}")))
+            .arg("--certs")
+            .arg(certs.join(format!("node-{n}")))
+            .args(["--peers", &peers])
+            .args(["--peer-endpoints", &endpoints])
+            .args(["--tablets", &flags.tablets.to_string()])
+            .args(&flags.tuning)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = cmd.spawn().with_context(|| format!("start node {n}"))?;
+        let stdout = child.stdout.take().expect("piped stdout");
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send((n, line)).is_err() {
+                    break;
+                }
+            }
+        });
+        children.push((n, child));
+    }
+    drop(tx);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut up = 0;
+    let result = loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break Ok(()),
+            _ = term.recv() => break Ok(()),
+            line = rx.recv() => match line {
+                Some((n, line)) => {
+                    if let Some(rest) = line.split("listening on ").nth(1) {
+                        up += 1;
+                        let endpoint = rest.split_whitespace().next().unwrap_or_default();
+                        say(format_args!("stele dev: node {n} listening on {endpoint} ({up}/{nodes} up)"));
+                    } else {
+                        say(format_args!("node {n}: {line}"));
+                    }
+                }
+                None => break Err(anyhow::anyhow!("a node exited; see its messages above")),
+            },
+        }
+    };
+    for (_, child) in &children {
+        terminate(child);
+    }
+    for (n, mut child) in children {
+        let status = child.wait().with_context(|| format!("wait for node {n}"))?;
+        if !status.success() {
+            eprintln!("node {n} exited with {status}");
+        }
+    }
+    result
+}

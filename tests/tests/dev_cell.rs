@@ -1,0 +1,106 @@
+//! `stele dev --nodes 3`: the one command that runs a replicated cell on
+//! loopback. It must come up, take writes on any node, replicate them, and
+//! stop every node it started.
+
+use std::net::{TcpListener, UdpSocket};
+use std::time::Duration;
+
+use stele_client::{Client, ClientOptions};
+use stele_proto::pb;
+use stele_tests::Proc;
+
+/// A base port with 3 free TCP ports at base.. and 3 free UDP ports at base+100...
+fn free_base() -> u16 {
+    for _ in 0..200 {
+        let base = 20_000 + (rand::random::<u16>() % 30_000);
+        let tcp: Vec<_> = (0..3)
+            .filter_map(|i| TcpListener::bind(("127.0.0.1", base + i)).ok())
+            .collect();
+        let udp: Vec<_> = (0..3)
+            .filter_map(|i| UdpSocket::bind(("127.0.0.1", base + 100 + i)).ok())
+            .collect();
+        if tcp.len() == 3 && udp.len() == 3 {
+            return base;
+        }
+    }
+    panic!("no free ports");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_nodes_3_runs_a_replicated_cell_and_stops_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = free_base();
+    let listen = format!("127.0.0.1:{base}");
+    let d = dir.path().to_str().unwrap();
+    let args = [
+        "dev",
+        "--nodes",
+        "3",
+        "--data-dir",
+        d,
+        "--listen",
+        &listen,
+        "--tablets",
+        "4",
+        "--election-timeout-ms",
+        "1000",
+    ];
+    let proc = Proc::start(&args, &[]).unwrap();
+    let endpoints: Vec<String> = (0..3)
+        .map(|i| format!("http://127.0.0.1:{}", base + i))
+        .collect();
+    let mut client = None;
+    for _ in 0..100 {
+        if let Ok(c) = Client::connect(&endpoints[2], ClientOptions::default()).await {
+            if c.list_tablets()
+                .await
+                .is_ok_and(|ts| ts.iter().all(|t| t.leader_node != 0))
+            {
+                client = Some(c);
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let client = client.expect("the dev cell never had leaders for every tablet");
+    for i in 0..20u64 {
+        client
+            .append(
+                "dev/cell",
+                vec![stele_client::record(format!("k{i}"), i, b"v".to_vec())],
+            )
+            .await
+            .unwrap();
+    }
+    // Every node holds every record (bounded reads are served locally).
+    for e in &endpoints {
+        let c = Client::connect(e, ClientOptions::default()).await.unwrap();
+        let read = pb::ReadOptions {
+            consistency: pb::Consistency::Bounded as i32,
+            max_staleness_ms: 600_000,
+            partial: false,
+        };
+        let mut n = 0;
+        for _ in 0..50 {
+            n = c.scan_all("dev/cell", 0, 0, b"", read).await.unwrap().len();
+            if n == 20 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(n, 20, "{e} does not hold every record");
+    }
+    assert!(proc.terminate().success());
+    // Every node it started is gone: their client ports are free again.
+    for i in 0..3 {
+        let mut free = false;
+        for _ in 0..50 {
+            if TcpListener::bind(("127.0.0.1", base + i)).is_ok() {
+                free = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(free, "node {} still listens after stele dev stopped", i + 1);
+    }
+}
