@@ -51,14 +51,13 @@ async fn dev_nodes_3_runs_a_replicated_cell_and_stops_it() {
         .collect();
     let mut client = None;
     for _ in 0..100 {
-        if let Ok(c) = Client::connect(&endpoints[2], ClientOptions::default()).await {
-            if c.list_tablets()
+        if let Ok(c) = Client::connect(&endpoints[2], ClientOptions::default()).await
+            && c.list_tablets()
                 .await
                 .is_ok_and(|ts| ts.iter().all(|t| t.leader_node != 0))
-            {
-                client = Some(c);
-                break;
-            }
+        {
+            client = Some(c);
+            break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
