@@ -153,29 +153,18 @@ pub struct NodeStats {
     pub segments_fetched: AtomicU64,
 }
 
+/// The future of one segment fetch.
+type FetchFuture<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = std::result::Result<Vec<u8>, String>> + Send + 'a>,
+>;
+
 /// Object-safe access to the peers, for fetching segments.
 pub trait SegmentSource: Send + Sync {
-    fn fetch<'a>(
-        &'a self,
-        node: u64,
-        group: u64,
-        replica: u64,
-        id: &'a str,
-    ) -> std::pin::Pin<
-        Box<dyn std::future::Future<Output = std::result::Result<Vec<u8>, String>> + Send + 'a>,
-    >;
+    fn fetch<'a>(&'a self, node: u64, group: u64, replica: u64, id: &'a str) -> FetchFuture<'a>;
 }
 
 impl<P: Peers> SegmentSource for P {
-    fn fetch<'a>(
-        &'a self,
-        node: u64,
-        group: u64,
-        replica: u64,
-        id: &'a str,
-    ) -> std::pin::Pin<
-        Box<dyn std::future::Future<Output = std::result::Result<Vec<u8>, String>> + Send + 'a>,
-    > {
+    fn fetch<'a>(&'a self, node: u64, group: u64, replica: u64, id: &'a str) -> FetchFuture<'a> {
         Box::pin(router::fetch_segment(self, node, group, replica, id))
     }
 }

@@ -209,6 +209,21 @@ impl<P: Peers> Router<P> {
         Router { peers }
     }
 
+    /// A control-lane call whose reply `pick` extracts.
+    async fn control<T>(
+        &self,
+        target: u64,
+        group: u64,
+        rpc: RaftRpc,
+        what: &str,
+        pick: impl FnOnce(RaftReply) -> Option<T>,
+    ) -> Result<T, RPCError<C>> {
+        match self.rpc(target, group, Lane::Control, rpc).await {
+            Ok(RaftReply::Refused(e)) | Err(e) => Err(unreachable(e)),
+            Ok(reply) => pick(reply).ok_or_else(|| unexpected(what)),
+        }
+    }
+
     async fn rpc(
         &self,
         target: u64,
@@ -255,14 +270,11 @@ impl<P: Peers> GroupRouter<C, u64> for Router<P> {
         rpc: AppendEntriesRequest<C>,
         _option: RPCOption,
     ) -> Result<AppendEntriesResponse<C>, RPCError<C>> {
-        match self
-            .rpc(target, group, Lane::Control, RaftRpc::Append(rpc))
-            .await
-        {
-            Ok(RaftReply::Append(r)) => Ok(r),
-            Ok(RaftReply::Refused(e)) | Err(e) => Err(unreachable(e)),
-            Ok(_) => Err(unexpected("append")),
-        }
+        self.control(target, group, RaftRpc::Append(rpc), "append", |r| match r {
+            RaftReply::Append(r) => Some(r),
+            _ => None,
+        })
+        .await
     }
 
     async fn vote(
@@ -272,14 +284,11 @@ impl<P: Peers> GroupRouter<C, u64> for Router<P> {
         rpc: VoteRequest<C>,
         _option: RPCOption,
     ) -> Result<VoteResponse<C>, RPCError<C>> {
-        match self
-            .rpc(target, group, Lane::Control, RaftRpc::Vote(rpc))
-            .await
-        {
-            Ok(RaftReply::Vote(r)) => Ok(r),
-            Ok(RaftReply::Refused(e)) | Err(e) => Err(unreachable(e)),
-            Ok(_) => Err(unexpected("vote")),
-        }
+        self.control(target, group, RaftRpc::Vote(rpc), "vote", |r| match r {
+            RaftReply::Vote(r) => Some(r),
+            _ => None,
+        })
+        .await
     }
 
     async fn pre_vote(
@@ -289,14 +298,17 @@ impl<P: Peers> GroupRouter<C, u64> for Router<P> {
         rpc: VoteRequest<C>,
         _option: RPCOption,
     ) -> Result<VoteResponse<C>, RPCError<C>> {
-        match self
-            .rpc(target, group, Lane::Control, RaftRpc::PreVote(rpc))
-            .await
-        {
-            Ok(RaftReply::Vote(r)) => Ok(r),
-            Ok(RaftReply::Refused(e)) | Err(e) => Err(unreachable(e)),
-            Ok(_) => Err(unexpected("pre-vote")),
-        }
+        self.control(
+            target,
+            group,
+            RaftRpc::PreVote(rpc),
+            "pre-vote",
+            |r| match r {
+                RaftReply::Vote(r) => Some(r),
+                _ => None,
+            },
+        )
+        .await
     }
 
     async fn full_snapshot(
