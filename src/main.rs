@@ -252,10 +252,12 @@ async fn run_server(
             for (id, peer) in &p.peers {
                 transport.set_peer(*id, *peer);
             }
-            let node = Node::open_with_peers(options, Some(SharedTransport(Arc::new(transport))))
+            let transport = Arc::new(transport);
+            let node = Node::open_with_peers(options, Some(SharedTransport(transport.clone())))
                 .await
                 .context("open node")?;
             handler.set_node(&node);
+            node.set_transport(transport);
             node
         }
     };

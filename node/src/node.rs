@@ -178,6 +178,8 @@ pub struct Node {
     pub stats: NodeStats,
     cancel: CancellationToken,
     peers: Option<Arc<dyn SegmentSource>>,
+    /// The node-to-node transport's counters, when the node has peers.
+    transport: std::sync::OnceLock<Arc<crate::transport::Transport>>,
     /// Background tasks (seal worker, policy), joined on shutdown.
     tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
@@ -344,6 +346,7 @@ impl Node {
             stats,
             cancel: CancellationToken::new(),
             peers: source,
+            transport: std::sync::OnceLock::new(),
             tasks: Default::default(),
         });
         let tasks = vec![
@@ -361,6 +364,16 @@ impl Node {
     /// The replica whose range holds `vshard`.
     pub fn replica_for(&self, vshard: u32) -> Option<&Arc<Replica>> {
         self.replicas.values().find(|r| r.tablet.contains(vshard))
+    }
+
+    /// Lets status report the transport's counters.
+    pub fn set_transport(&self, transport: Arc<crate::transport::Transport>) {
+        let _ = self.transport.set(transport);
+    }
+
+    /// The transport's counters, if this node has peers.
+    pub fn transport_stats(&self) -> Option<crate::transport::TransportStats> {
+        self.transport.get().map(|t| t.stats())
     }
 
     /// The client endpoint of `node`, if known.

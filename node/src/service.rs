@@ -572,6 +572,7 @@ impl Data for DataService {
         _req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
         let js = self.node.journal.stats();
+        let ts = self.node.transport_stats();
         let (mut records, mut sealed) = (0, 0);
         for r in self.node.replicas.values() {
             records += r
@@ -602,6 +603,12 @@ impl Data for DataService {
                 .replayed_frames
                 .load(std::sync::atomic::Ordering::Relaxed),
             free_bytes: self.node.free_bytes(),
+            peer_connections: ts.as_ref().map_or(0, |t| t.connections_open),
+            peers_with_extra_connections: ts.as_ref().map_or(0, |t| {
+                t.open_per_peer.values().filter(|n| **n > 1).count() as u64
+            }),
+            peer_rejected_frames: ts.as_ref().map_or(0, |t| t.rejected_frames),
+            peer_connections_refused: ts.as_ref().map_or(0, |t| t.connections_refused),
         }))
     }
 }

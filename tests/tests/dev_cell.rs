@@ -89,6 +89,22 @@ async fn dev_nodes_3_runs_a_replicated_cell_and_stops_it() {
         }
         assert_eq!(n, 20, "{e} does not hold every record");
     }
+    // At most one QUIC connection per node pair, shared by every tablet
+    // group (connections are made on first use: two followers that never
+    // exchanged a message have none).
+    let mut total = 0;
+    for e in &endpoints {
+        let c = Client::connect(e, ClientOptions::default()).await.unwrap();
+        let st = c.status().await.unwrap();
+        assert_eq!(st.tablets, 4);
+        assert!(st.peer_connections <= 2, "{e}: {st:?}");
+        assert_eq!(st.peers_with_extra_connections, 0, "{e}: {st:?}");
+        total += st.peer_connections;
+    }
+    assert!(
+        total >= 4,
+        "the leader must reach both followers: {total} connection ends"
+    );
     assert!(proc.terminate().success());
     // Every node it started is gone: their client ports are free again.
     for i in 0..3 {
