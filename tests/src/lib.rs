@@ -152,3 +152,19 @@ pub fn run(args: &[&str]) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stderr).to_string(),
     )
 }
+
+/// A base port `b` with TCP ports `b..b+n` and UDP ports `b+100..b+100+n`
+/// free on 127.0.0.1 (the layout `stele dev --nodes n` uses).
+pub fn free_port_base(n: u16) -> u16 {
+    use std::net::{TcpListener, UdpSocket};
+    for attempt in 0..500u32 {
+        let seed = (std::process::id() ^ attempt.wrapping_mul(2_654_435_761)) % 30_000;
+        let base = 20_000 + seed as u16;
+        let tcp = (0..n).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok());
+        let udp = (0..n).all(|i| UdpSocket::bind(("127.0.0.1", base + 100 + i)).is_ok());
+        if tcp && udp {
+            return base;
+        }
+    }
+    panic!("no free loopback ports for a {n}-node cell");
+}

@@ -2,34 +2,17 @@
 //! loopback. It must come up, take writes on any node, replicate them, and
 //! stop every node it started.
 
-use std::net::{TcpListener, UdpSocket};
+use std::net::TcpListener;
 use std::time::Duration;
 
 use stele_client::{Client, ClientOptions};
 use stele_proto::pb;
 use stele_tests::Proc;
 
-/// A base port with 3 free TCP ports at base.. and 3 free UDP ports at base+100...
-fn free_base() -> u16 {
-    for _ in 0..200 {
-        let base = 20_000 + (rand::random::<u16>() % 30_000);
-        let tcp: Vec<_> = (0..3)
-            .filter_map(|i| TcpListener::bind(("127.0.0.1", base + i)).ok())
-            .collect();
-        let udp: Vec<_> = (0..3)
-            .filter_map(|i| UdpSocket::bind(("127.0.0.1", base + 100 + i)).ok())
-            .collect();
-        if tcp.len() == 3 && udp.len() == 3 {
-            return base;
-        }
-    }
-    panic!("no free ports");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dev_nodes_3_runs_a_replicated_cell_and_stops_it() {
     let dir = tempfile::tempdir().unwrap();
-    let base = free_base();
+    let base = stele_tests::free_port_base(3);
     let listen = format!("127.0.0.1:{base}");
     let d = dir.path().to_str().unwrap();
     let args = [

@@ -25,14 +25,7 @@ impl Handler for Nothing {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_ca_and_garbage_are_refused_and_counted() {
     let dir = tempfile::tempdir().unwrap();
-    let base = loop {
-        let b = 20_000 + (rand::random::<u16>() % 30_000);
-        let ok = (0..3).all(|i| std::net::TcpListener::bind(("127.0.0.1", b + i)).is_ok())
-            && (0..3).all(|i| UdpSocket::bind(("127.0.0.1", b + 100 + i)).is_ok());
-        if ok {
-            break b;
-        }
-    };
+    let base = stele_tests::free_port_base(3);
     let listen = format!("127.0.0.1:{base}");
     let d = dir.path().to_str().unwrap();
     let proc = Proc::start(
