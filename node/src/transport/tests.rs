@@ -216,7 +216,16 @@ async fn a_certificate_from_another_ca_is_refused() {
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Connect { peer: 1, .. }), "{err:?}");
-    let stats = ts[0].stats();
+    // The client hears of the refusal before the server's accept task has
+    // counted it: wait for the count rather than race it.
+    let mut stats = ts[0].stats();
+    for _ in 0..100 {
+        if stats.connections_refused >= 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        stats = ts[0].stats();
+    }
     assert_eq!(stats.connections_refused, 1, "{stats:?}");
     assert_eq!(stats.connections_open, 0);
     // The server goes on serving its cell.
