@@ -143,7 +143,8 @@ struct Tuning {
     /// Most records one append may carry.
     #[arg(long, default_value_t = stele_proto::limits::BATCH_RECORDS_MAX_DEFAULT)]
     batch_records_max: usize,
-    /// Tablet election timeout (minimum; the maximum is twice it), in ms.
+    /// Tablet election timeout T, in ms: a follower that has not heard from
+    /// its leader for a random time in [T, 2T) campaigns; heartbeats every T/6.
     #[arg(long, default_value_t = 3000)]
     election_timeout_ms: u64,
 }
@@ -202,9 +203,7 @@ fn node_options(
     o.batch_records_max = t.batch_records_max;
     // One batch is one journal frame: size the frame limit from the batch.
     o.journal.frame_payload_bytes_max = t.batch_bytes_max + o.batch_records_max * 64 + 64 * 1024;
-    o.raft.election_timeout_min_ms = t.election_timeout_ms;
-    o.raft.election_timeout_max_ms = t.election_timeout_ms * 2;
-    o.raft.heartbeat_ms = (t.election_timeout_ms / 6).max(50);
+    o.raft = stele_node::raft::RaftTiming::for_election_timeout(t.election_timeout_ms);
     o
 }
 

@@ -134,6 +134,8 @@ pub struct Replica {
     pub raft: TabletRaft,
     pub replica_id: u64,
     pub log: LogStore,
+    /// Last contact from a leader or candidate, for the pacer's campaigns.
+    pub contact: crate::pacer::Contact,
 }
 
 impl Replica {
@@ -176,6 +178,7 @@ pub struct Node {
     /// Tablets by id.
     pub replicas: BTreeMap<u64, Arc<Replica>>,
     pub stats: NodeStats,
+    pub pacer_stats: crate::pacer::PacerStats,
     cancel: CancellationToken,
     peers: Option<Arc<dyn SegmentSource>>,
     /// The node-to-node transport's counters, when the node has peers.
@@ -311,6 +314,9 @@ impl Node {
                 raft.initialize(members)
                     .await
                     .map_err(|e| Error::Config(format!("initialize tablet {}: {e}", record.id)))?;
+                // Campaign at once rather than after a timeout; if the
+                // other voters are not up yet the pacer tries again.
+                let _ = raft.trigger().elect(true).await;
             } else if tablet
                 .read()
                 .membership
@@ -331,6 +337,7 @@ impl Node {
                     raft,
                     replica_id,
                     log,
+                    contact: Default::default(),
                 }),
             );
         }
@@ -344,6 +351,7 @@ impl Node {
             catalog,
             replicas,
             stats,
+            pacer_stats: Default::default(),
             cancel: CancellationToken::new(),
             peers: source,
             transport: std::sync::OnceLock::new(),
@@ -352,9 +360,15 @@ impl Node {
         let tasks = vec![
             tokio::spawn(seal_worker(node.clone(), seal_rx)),
             tokio::spawn(policy_loop(node.clone())),
+            tokio::spawn(crate::pacer::run(node.clone())),
         ];
         *node.tasks.lock().expect("lock poisoned") = tasks;
         Ok(node)
+    }
+
+    /// Resolves when the node starts shutting down.
+    pub async fn cancelled(&self) {
+        self.cancel.cancelled().await
     }
 
     pub fn replica(&self, tablet: u64) -> Option<&Arc<Replica>> {
@@ -405,6 +419,14 @@ impl Node {
             ));
         }
         let rpc = router::decode_msg::<router::RaftRpc>("raft rpc", body);
+        if matches!(
+            &rpc,
+            Ok(router::RaftRpc::Append(_)
+                | router::RaftRpc::Vote(_)
+                | router::RaftRpc::Snapshot { .. })
+        ) {
+            r.contact.touch();
+        }
         if let Ok(router::RaftRpc::Append(req)) = &rpc {
             let commit = req.leader_commit.as_ref().map_or(0, |l| l.index());
             *r.tablet.leader_contact.lock().expect("lock poisoned") =

@@ -29,9 +29,7 @@ fn options(dir: &std::path::Path) -> NodeOptions {
     o.journal.reserve_bytes = 0;
     o.disk_reserve_bytes = 0;
     o.policy_interval = Duration::from_millis(50);
-    o.raft.heartbeat_ms = 100;
-    o.raft.election_timeout_min_ms = 300;
-    o.raft.election_timeout_max_ms = 600;
+    o.raft = stele_node::raft::RaftTiming::for_election_timeout(300);
     o
 }
 

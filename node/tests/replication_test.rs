@@ -68,9 +68,7 @@ fn options(dir: &std::path::Path, node: u64) -> NodeOptions {
     o.journal.reserve_bytes = 0;
     o.disk_reserve_bytes = 0;
     o.policy_interval = Duration::from_millis(50);
-    o.raft.heartbeat_ms = 200;
-    o.raft.election_timeout_min_ms = 1500;
-    o.raft.election_timeout_max_ms = 3000;
+    o.raft = stele_node::raft::RaftTiming::for_election_timeout(1500);
     o
 }
 

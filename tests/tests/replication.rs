@@ -154,8 +154,9 @@ async fn bounded_scan(endpoint: &str, max_staleness_ms: u64) -> Result<usize, st
     .map_err(|s| stele_proto::Error::from_status(&s))
 }
 
-/// Every record of the namespace as one node's own replicas hold it.
-async fn local_rows(endpoint: &str) -> Vec<pb::Row> {
+/// Every record of the namespace as one node's own replicas hold it, or
+/// the refusal of a replica no leader has contacted yet (just restarted).
+async fn local_rows(endpoint: &str) -> Result<Vec<pb::Row>, tonic::Status> {
     let mut c = DataClient::connect(endpoint.to_string()).await.unwrap();
     let mut out = Vec::new();
     let mut cursor = Vec::new();
@@ -172,12 +173,11 @@ async fn local_rows(endpoint: &str) -> Vec<pb::Row> {
                 }),
                 ..Default::default()
             })
-            .await
-            .unwrap()
+            .await?
             .into_inner();
         out.extend(resp.rows);
         if resp.next_cursor.is_empty() {
-            return out;
+            return Ok(out);
         }
         cursor = resp.next_cursor;
     }
@@ -264,12 +264,11 @@ async fn leader_killed_new_leader_serves_and_replicas_converge() {
     }
     let failover = first_ok.unwrap();
     eprintln!("first write acknowledged {failover:?} after SIGKILL of node {victim}");
-    // Election timeout here is 1.5-3 s. Followers honour the dead leader's
-    // lease for one timeout before they campaign, so the bound is two
-    // maximal timeouts plus a second (DESIGN asks for one timeout plus a
-    // second: not met yet, see docs/BENCHMARKS.md).
+    // Election timeout T = 1.5 s: a follower campaigns after [T, 2T) without
+    // contact, so the bound, one election timeout plus a second, is
+    // 2T + 1 s.
     assert!(
-        failover < Duration::from_secs(7),
+        failover < Duration::from_millis(4000),
         "failover took {failover:?}"
     );
 
@@ -278,7 +277,10 @@ async fn leader_killed_new_leader_serves_and_replicas_converge() {
     for _ in 0..100 {
         let mut all = true;
         for n in 1..=3 {
-            let rows = local_rows(&cell.endpoint(n)).await;
+            let Ok(rows) = local_rows(&cell.endpoint(n)).await else {
+                all = false;
+                continue;
+            };
             let mut seen: HashMap<&[u8], usize> = HashMap::new();
             for r in &rows {
                 *seen.entry(&r.value).or_default() += 1;

@@ -34,37 +34,64 @@ pub type SnapshotMeta = openraft::alias::SnapshotMetaOf<TabletConfig>;
 pub type TabletRaft = openraft::Raft<TabletConfig, crate::tablet::state_machine::StateMachine>;
 
 /// Timing of tablet groups: long heartbeats, elections of seconds and
-/// pre-vote, so thousands of idle groups per node cost little.
+/// pre-vote, so thousands of idle groups per node cost little. The node's
+/// [`pacer`](crate::pacer) drives both timers for every group.
 #[derive(Debug, Clone)]
 pub struct RaftTiming {
+    /// A leader heartbeats its followers this often.
     pub heartbeat_ms: u64,
-    pub election_timeout_min_ms: u64,
-    pub election_timeout_max_ms: u64,
+    /// `T`: a follower that has not heard from a leader for a random time in
+    /// `[T, 2T)` campaigns; a leader's lease (openraft's
+    /// `election_timeout_max`) is `T`.
+    pub election_timeout_ms: u64,
 }
 
 impl Default for RaftTiming {
     fn default() -> Self {
         RaftTiming {
             heartbeat_ms: 500,
-            election_timeout_min_ms: 3000,
-            election_timeout_max_ms: 6000,
+            election_timeout_ms: 3000,
+        }
+    }
+}
+
+impl RaftTiming {
+    /// The heartbeat interval for an election timeout: six heartbeats per
+    /// lease, so a few lost heartbeats never cost a leader its lease.
+    pub fn for_election_timeout(election_timeout_ms: u64) -> RaftTiming {
+        RaftTiming {
+            heartbeat_ms: (election_timeout_ms / 6).max(20),
+            election_timeout_ms,
         }
     }
 }
 
 /// The validated openraft configuration of a tablet group.
 ///
+/// openraft's own tick is off: the node's pacer sends heartbeats and starts
+/// campaigns for all groups from one task. `election_timeout_max` is the
+/// leader lease followers honour; `election_timeout_min` is unused with
+/// the tick off and set to half of it to satisfy openraft's validation.
+///
 /// Snapshots are never built by openraft's policy: a tablet builds one right
 /// after it publishes a seal and then purges the log up to its checkpoint
 /// (`tablet::seal`). `max_in_snapshot_log_to_keep` is therefore irrelevant
 /// and set to keep everything, so openraft never purges past a checkpoint.
 pub fn tablet_config(timing: &RaftTiming) -> Result<Arc<openraft::Config>> {
+    let t = timing.election_timeout_ms;
+    if timing.heartbeat_ms == 0 || timing.heartbeat_ms.saturating_mul(3) > t {
+        return Err(Error::Config(format!(
+            "tablet raft timing: heartbeat {} ms must be positive and at most a third of the election timeout {} ms",
+            timing.heartbeat_ms, t
+        )));
+    }
     let config = openraft::Config {
         cluster_name: "stele-tablet".to_string(),
         heartbeat_interval: timing.heartbeat_ms,
-        election_timeout_min: timing.election_timeout_min_ms,
-        election_timeout_max: timing.election_timeout_max_ms,
+        election_timeout_min: t / 2,
+        election_timeout_max: t,
         enable_pre_vote: Some(true),
+        enable_tick: false,
         snapshot_policy: openraft::SnapshotPolicy::Never,
         max_in_snapshot_log_to_keep: u64::MAX,
         ..Default::default()
@@ -99,11 +126,13 @@ mod tests {
 
     #[test]
     fn bad_timing_is_refused() {
-        let t = RaftTiming {
-            heartbeat_ms: 5000,
-            election_timeout_min_ms: 1000,
-            election_timeout_max_ms: 500,
-        };
-        assert!(tablet_config(&t).is_err());
+        for (heartbeat_ms, election_timeout_ms) in [(0, 3000), (1001, 3000), (500, 0)] {
+            let t = RaftTiming {
+                heartbeat_ms,
+                election_timeout_ms,
+            };
+            assert!(tablet_config(&t).is_err(), "{t:?} accepted");
+        }
+        tablet_config(&RaftTiming::for_election_timeout(1500)).unwrap();
     }
 }

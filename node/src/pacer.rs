@@ -1,0 +1,142 @@
+//! One clock for every tablet group of a node.
+//!
+//! openraft gives each Raft instance its own tick task, which wakes every
+//! `heartbeat_interval * 13 / 64` ms to check its election and heartbeat
+//! timers: with a thousand replicas per node that is tens of thousands of
+//! wake-ups a second while nothing happens. Tablet groups therefore run
+//! with openraft's tick disabled (`raft::tablet_config`) and the pacer
+//! drives them all from one task:
+//!
+//! - a replica that leads its group sends a heartbeat every
+//!   `heartbeat_ms`; every group the node leads sends at the same instant,
+//!   so the transport carries them to each peer together;
+//! - a replica that follows starts a campaign (pre-vote first) when it has
+//!   not been contacted by a leader or candidate for a random time in
+//!   `[T, 2T)`, `T = election_timeout_ms`. Contact is recorded by
+//!   [`Node::handle_raft`](crate::node::Node::handle_raft) for appends,
+//!   heartbeats, snapshots and votes.
+//!
+//! openraft's leader lease is its `election_timeout_max`, set to `T`: a
+//! follower rejects votes for `T` after it last heard from its leader. The
+//! campaign window starts at `T`, so it begins right as the other
+//! followers' leases expire, and failover after a leader dies takes at most
+//! `2T` plus one vote round (not `T` of lease plus a full timer, as with
+//! openraft's own tick). A campaign that does not produce a leader is
+//! retried after a random `[T/2, T)`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+
+use crate::node::Node;
+
+/// Milliseconds since the process's pacer epoch.
+fn now_ms() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
+/// When a replica was last contacted by a leader or candidate.
+#[derive(Debug)]
+pub struct Contact(AtomicU64);
+
+impl Default for Contact {
+    fn default() -> Self {
+        Contact(AtomicU64::new(now_ms()))
+    }
+}
+
+impl Contact {
+    pub fn touch(&self) {
+        self.0.fetch_max(now_ms(), Ordering::Relaxed);
+    }
+
+    fn last_ms(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// The pacer's view of one replica.
+struct Timer {
+    /// Contact time the deadline was computed from.
+    seen_ms: u64,
+    /// Campaign deadline while following; next heartbeat while leading.
+    at_ms: u64,
+    leading: bool,
+}
+
+/// Node-wide counters of the pacer.
+#[derive(Debug, Default)]
+pub struct PacerStats {
+    pub heartbeat_rounds: AtomicU64,
+    pub campaigns: AtomicU64,
+}
+
+/// Runs until the node shuts down.
+pub async fn run(node: Arc<Node>) {
+    let timing = node.options.raft.clone();
+    let hb = timing.heartbeat_ms.max(1);
+    let t = timing.election_timeout_ms.max(2);
+    let mut tick = tokio::time::interval(Duration::from_millis((hb / 2).max(1)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut timers: HashMap<u64, Timer> = HashMap::new();
+    let mut next_round_ms = 0u64;
+    loop {
+        tokio::select! {
+            _ = node.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let now = now_ms();
+        let heartbeat_round = now >= next_round_ms;
+        if heartbeat_round {
+            next_round_ms = now + hb;
+        }
+        let mut sent = false;
+        for (id, r) in &node.replicas {
+            let leading = r.is_leader();
+            let contact = r.contact.last_ms();
+            let timer = timers.entry(*id).or_insert_with(|| Timer {
+                seen_ms: contact,
+                at_ms: campaign_at(contact, t),
+                leading,
+            });
+            if leading {
+                timer.leading = true;
+                if heartbeat_round {
+                    let _ = r.raft.trigger().heartbeat().await;
+                    sent = true;
+                }
+                continue;
+            }
+            if timer.leading {
+                // Stepped down: someone else holds a newer term; give its
+                // leader a full timeout to make contact.
+                timer.leading = false;
+                timer.seen_ms = contact;
+                timer.at_ms = campaign_at(now, t);
+            } else if contact != timer.seen_ms {
+                timer.seen_ms = contact;
+                timer.at_ms = campaign_at(contact, t);
+            }
+            if now >= timer.at_ms {
+                node.pacer_stats.campaigns.fetch_add(1, Ordering::Relaxed);
+                let _ = r.raft.trigger().elect(true).await;
+                timer.at_ms = now + rand::rng().random_range(t / 2..t);
+            }
+        }
+        if sent {
+            node.pacer_stats
+                .heartbeat_rounds
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A random campaign deadline in `[contact + T, contact + 2T)`.
+fn campaign_at(contact_ms: u64, t: u64) -> u64 {
+    contact_ms + t + rand::rng().random_range(0..t)
+}
