@@ -144,7 +144,7 @@ struct Tuning {
     #[arg(long, default_value_t = stele_proto::limits::BATCH_RECORDS_MAX_DEFAULT)]
     batch_records_max: usize,
     /// Tablet election timeout T, in ms: a follower that has not heard from
-    /// its leader for a random time in [T, 2T) campaigns; heartbeats every T/6.
+    /// its leader for a random time in [T, 2T) campaigns; heartbeats every T/3.
     #[arg(long, default_value_t = 3000)]
     election_timeout_ms: u64,
 }

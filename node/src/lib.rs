@@ -8,7 +8,6 @@ pub mod error;
 pub mod fsutil;
 pub mod journal;
 pub mod node;
-pub mod pacer;
 pub mod peering;
 pub mod raft;
 pub mod segment;

@@ -135,7 +135,7 @@ pub struct Replica {
     pub replica_id: u64,
     pub log: LogStore,
     /// Last contact from a leader or candidate, for the pacer's campaigns.
-    pub contact: crate::pacer::Contact,
+    pub contact: crate::raft::pacer::Contact,
 }
 
 impl Replica {
@@ -178,7 +178,7 @@ pub struct Node {
     /// Tablets by id.
     pub replicas: BTreeMap<u64, Arc<Replica>>,
     pub stats: NodeStats,
-    pub pacer_stats: crate::pacer::PacerStats,
+    pub pacer_stats: crate::raft::pacer::PacerStats,
     cancel: CancellationToken,
     peers: Option<Arc<dyn SegmentSource>>,
     /// The node-to-node transport's counters, when the node has peers.
@@ -360,7 +360,7 @@ impl Node {
         let tasks = vec![
             tokio::spawn(seal_worker(node.clone(), seal_rx)),
             tokio::spawn(policy_loop(node.clone())),
-            tokio::spawn(crate::pacer::run(node.clone())),
+            tokio::spawn(crate::raft::pacer::run(node.clone())),
         ];
         *node.tasks.lock().expect("lock poisoned") = tasks;
         Ok(node)

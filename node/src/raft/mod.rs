@@ -7,6 +7,7 @@
 
 pub mod log_store;
 pub mod network;
+pub mod pacer;
 pub mod router;
 #[cfg(test)]
 mod suite_test;
@@ -35,7 +36,7 @@ pub type TabletRaft = openraft::Raft<TabletConfig, crate::tablet::state_machine:
 
 /// Timing of tablet groups: long heartbeats, elections of seconds and
 /// pre-vote, so thousands of idle groups per node cost little. The node's
-/// [`pacer`](crate::pacer) drives both timers for every group.
+/// [`pacer`] drives both timers for every group.
 #[derive(Debug, Clone)]
 pub struct RaftTiming {
     /// A leader heartbeats its followers this often.
@@ -49,18 +50,20 @@ pub struct RaftTiming {
 impl Default for RaftTiming {
     fn default() -> Self {
         RaftTiming {
-            heartbeat_ms: 500,
+            heartbeat_ms: 1000,
             election_timeout_ms: 3000,
         }
     }
 }
 
 impl RaftTiming {
-    /// The heartbeat interval for an election timeout: six heartbeats per
-    /// lease, so a few lost heartbeats never cost a leader its lease.
+    /// The heartbeat interval for an election timeout: three heartbeats per
+    /// lease. Heartbeats ride one QUIC connection (retransmitted, never
+    /// silently lost), so a follower campaigns only after three intervals of
+    /// silence from a leader that is dead, cut off or stalled.
     pub fn for_election_timeout(election_timeout_ms: u64) -> RaftTiming {
         RaftTiming {
-            heartbeat_ms: (election_timeout_ms / 6).max(20),
+            heartbeat_ms: (election_timeout_ms / 3).max(20),
             election_timeout_ms,
         }
     }
@@ -94,6 +97,9 @@ pub fn tablet_config(timing: &RaftTiming) -> Result<Arc<openraft::Config>> {
         enable_tick: false,
         snapshot_policy: openraft::SnapshotPolicy::Never,
         max_in_snapshot_log_to_keep: u64::MAX,
+        // Client writes are whole batches; a few hundred per Raft round is
+        // plenty and keeps each group's preallocated buffer small.
+        api_batch_capacity: 256,
         ..Default::default()
     };
     let config = config
