@@ -664,12 +664,11 @@ async fn policy_loop(node: Arc<Node>) {
         let mut sizes = Vec::new();
         let mut total = 0usize;
         for r in node.replicas.values() {
-            if !r.is_leader() {
-                continue;
-            }
             let data = r.tablet.read();
             // One seal in flight per tablet: a frozen memtable is pending.
-            if !data.frozen.is_empty() {
+            // An empty memtable has nothing to seal; skipping it before the
+            // leadership check keeps idle tablets cheap.
+            if !data.frozen.is_empty() || data.memtable.bytes() == 0 || !r.is_leader() {
                 continue;
             }
             let bytes = data.memtable.bytes();
