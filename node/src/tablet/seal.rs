@@ -183,8 +183,9 @@ pub(crate) fn publish_front(
 }
 
 /// Removes segment files the catalog does not name (a crash between the
-/// segment write and its publish) and leftover temp files. The rows are
-/// still in the journal and the seal replays.
+/// segment write and its publish), leftover temp files, and part files of
+/// segment fetches a crash interrupted. The rows are still in the journal
+/// and the seal replays; a snapshot install fetches its segments again.
 pub fn remove_orphans(dir: &Path, published: &[SegmentRef]) -> Result<()> {
     let entries =
         std::fs::read_dir(dir).map_err(|e| Error::io(format!("list {}", dir.display()), e))?;
@@ -193,7 +194,10 @@ pub fn remove_orphans(dir: &Path, published: &[SegmentRef]) -> Result<()> {
         let entry = entry.map_err(|e| Error::io(format!("list {}", dir.display()), e))?;
         let name = entry.file_name().to_string_lossy().to_string();
         let keep = published.iter().any(|s| name == format!("{}.seg", s.id));
-        if !keep && (name.ends_with(".seg") || name.ends_with(".tmp")) {
+        let leftover = name.ends_with(".seg")
+            || name.ends_with(".tmp")
+            || name.ends_with(segment::PART_SUFFIX);
+        if !keep && leftover {
             std::fs::remove_file(entry.path())
                 .map_err(|e| Error::io(format!("remove orphan {}", entry.path().display()), e))?;
             removed = true;
@@ -204,4 +208,41 @@ pub fn remove_orphans(dir: &Path, published: &[SegmentRef]) -> Result<()> {
             .map_err(|e| Error::io(format!("fsync {}", dir.display()), e))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn orphans_temps_and_fetch_parts_are_removed_published_and_others_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let published_id = "0123456789abcdef0123456789abcdef";
+        let published = SegmentRef {
+            id: published_id.into(),
+            bytes: 1,
+            rows: 1,
+            log_first: 1,
+            log_last: 1,
+            ts_min: 0,
+            ts_max: 0,
+        };
+        let orphan = "fedcba9876543210fedcba9876543210";
+        for name in [
+            format!("{published_id}.seg"),
+            format!("{orphan}.seg"),
+            format!("{orphan}.seg.tmp"),
+            format!("{orphan}.seg.7.part"),
+            "README".to_string(),
+        ] {
+            std::fs::write(dir.path().join(name), b"x").unwrap();
+        }
+        remove_orphans(dir.path(), &[published]).unwrap();
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, vec![format!("{published_id}.seg"), "README".into()]);
+    }
 }
