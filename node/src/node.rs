@@ -61,6 +61,9 @@ pub struct NodeOptions {
     pub value_bytes_max: usize,
     pub batch_bytes_max: usize,
     pub batch_records_max: usize,
+    /// Nodes whose Raft traffic this node drops (fault injection; empty
+    /// unless a test or `STELE_PEER_BLOCK_FILE` sets it).
+    pub peer_filter: Arc<crate::peering::PeerFilter>,
 }
 
 impl NodeOptions {
@@ -82,6 +85,7 @@ impl NodeOptions {
             value_bytes_max: stele_proto::limits::VALUE_BYTES_MAX_DEFAULT,
             batch_bytes_max: stele_proto::limits::BATCH_BYTES_MAX_DEFAULT,
             batch_records_max: stele_proto::limits::BATCH_RECORDS_MAX_DEFAULT,
+            peer_filter: Default::default(),
         }
     }
 

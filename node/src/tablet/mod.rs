@@ -81,6 +81,8 @@ pub struct TabletStats {
     pub records_applied: AtomicU64,
     pub seals_published: AtomicU64,
     pub seal_failures: AtomicU64,
+    /// Snapshots installed from a leader (catch-up past its purged log).
+    pub snapshots_installed: AtomicU64,
 }
 
 /// Everything of one tablet replica that the state machine, the seal worker

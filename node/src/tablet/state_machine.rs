@@ -312,6 +312,10 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
                 .map_err(io_err)?;
         }
         *self.current.lock().expect("lock poisoned") = Some((meta.clone(), bytes));
+        tablet
+            .stats
+            .snapshots_installed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
