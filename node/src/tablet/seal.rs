@@ -19,7 +19,7 @@ use super::receipts::{self, ReceiptKey};
 use super::{Tablet, TabletData};
 use crate::catalog::{ReceiptRow, SegmentRef};
 use crate::error::{Error, Result};
-use crate::raft::encode;
+use crate::raft::{LogId, StoredMembership, encode};
 use crate::segment::{self, Row, SegmentReader};
 
 /// What to publish for the oldest frozen memtable of a tablet.
@@ -29,7 +29,8 @@ struct Plan {
     header: segment::SegmentHeader,
     add_receipts: Vec<ReceiptRow>,
     drop_receipts: Vec<ReceiptKey>,
-    applied_state: Vec<u8>,
+    seal_log_id: LogId,
+    membership: StoredMembership,
 }
 
 fn plan(tablet: &Tablet, data: &TabletData, seal_index: u64) -> Option<Plan> {
@@ -65,7 +66,8 @@ fn plan(tablet: &Tablet, data: &TabletData, seal_index: u64) -> Option<Plan> {
         rows,
         add_receipts,
         drop_receipts,
-        applied_state: encode(&(Some(frozen.seal_log_id), frozen.membership.clone())),
+        seal_log_id: frozen.seal_log_id,
+        membership: frozen.membership.clone(),
     })
 }
 
@@ -102,7 +104,8 @@ fn commit(
     seg: Option<(SegmentRef, Arc<SegmentReader>)>,
     extra_drops: &[Vec<u8>],
 ) -> Result<()> {
-    let mut record = tablet.record(data, plan.applied_state);
+    let applied_state = encode(&(Some(plan.seal_log_id), plan.membership.clone()));
+    let mut record = tablet.record(data, applied_state);
     if let Some((r, _)) = &seg {
         record.segments.push(r.clone());
     }
@@ -121,6 +124,8 @@ fn commit(
     }
     data.frozen.remove(0);
     data.checkpoint = plan.seal_index;
+    data.checkpoint_log_id = Some(plan.seal_log_id);
+    data.checkpoint_membership = plan.membership;
     for k in &plan.drop_receipts {
         data.receipts.expire_key(k);
     }
