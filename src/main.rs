@@ -228,6 +228,8 @@ async fn run_server(
     options.advertise = format!("http://{addr}");
     let data_dir = options.data_dir.clone();
     let tablets = options.initial_tablets;
+    let cancel = CancellationToken::new();
+    let mut filter_watch = None;
     let node: Arc<Node> = match peering {
         None => Node::open(options).await.context("open node")?,
         Some(p) => {
@@ -252,7 +254,19 @@ async fn run_server(
                 transport.set_peer(*id, *peer);
             }
             let transport = Arc::new(transport);
-            let node = Node::open_with_peers(options, Some(SharedTransport(transport.clone())))
+            // Fault injection for partition tests: a file of node ids to
+            // cut off, reread while the process runs (docs/OPERATIONS.md).
+            let filter = options.peer_filter.clone();
+            if let Some(path) = std::env::var_os("STELE_PEER_BLOCK_FILE") {
+                tracing::warn!(file = ?path, "peer filter armed from STELE_PEER_BLOCK_FILE (fault injection)");
+                filter_watch = Some(filter.clone().watch_file(
+                    path.into(),
+                    stele_node::peering::WATCH_INTERVAL,
+                    cancel.clone(),
+                ));
+            }
+            let peers = SharedTransport(transport.clone(), filter);
+            let node = Node::open_with_peers(options, Some(peers))
                 .await
                 .context("open node")?;
             handler.set_node(&node);
@@ -263,7 +277,6 @@ async fn run_server(
     node.wait_ready(Duration::from_secs(60))
         .await
         .context("tablets not ready")?;
-    let cancel = CancellationToken::new();
     let server = tokio::spawn(stele_node::service::serve_on(
         node.clone(),
         listener,
@@ -287,6 +300,9 @@ async fn run_server(
         r = server => { r??; }
     }
     cancel.cancel();
+    if let Some(watch) = filter_watch {
+        let _ = watch.await;
+    }
     node.shutdown().await;
     Ok(())
 }

@@ -61,6 +61,9 @@ pub struct NodeOptions {
     pub value_bytes_max: usize,
     pub batch_bytes_max: usize,
     pub batch_records_max: usize,
+    /// Nodes whose Raft traffic this node drops (fault injection; empty
+    /// unless a test or `STELE_PEER_BLOCK_FILE` sets it).
+    pub peer_filter: Arc<crate::peering::PeerFilter>,
 }
 
 impl NodeOptions {
@@ -82,6 +85,7 @@ impl NodeOptions {
             value_bytes_max: stele_proto::limits::VALUE_BYTES_MAX_DEFAULT,
             batch_bytes_max: stele_proto::limits::BATCH_BYTES_MAX_DEFAULT,
             batch_records_max: stele_proto::limits::BATCH_RECORDS_MAX_DEFAULT,
+            peer_filter: Default::default(),
         }
     }
 
@@ -155,19 +159,37 @@ pub struct NodeStats {
     pub segments_fetched: AtomicU64,
 }
 
-/// The future of one segment fetch.
+/// The future of one segment fetch: the published file's path.
 type FetchFuture<'a> = std::pin::Pin<
-    Box<dyn std::future::Future<Output = std::result::Result<Vec<u8>, String>> + Send + 'a>,
+    Box<dyn std::future::Future<Output = std::result::Result<PathBuf, String>> + Send + 'a>,
 >;
 
 /// Object-safe access to the peers, for fetching segments.
 pub trait SegmentSource: Send + Sync {
-    fn fetch<'a>(&'a self, node: u64, group: u64, replica: u64, id: &'a str) -> FetchFuture<'a>;
+    /// Fetches segment `seg` of `group` from `replica` on `node` into `dir`
+    /// ([`router::fetch_segment`]).
+    fn fetch<'a>(
+        &'a self,
+        node: u64,
+        group: u64,
+        replica: u64,
+        seg: &'a crate::catalog::SegmentRef,
+        dir: &'a Path,
+    ) -> FetchFuture<'a>;
 }
 
 impl<P: Peers> SegmentSource for P {
-    fn fetch<'a>(&'a self, node: u64, group: u64, replica: u64, id: &'a str) -> FetchFuture<'a> {
-        Box::pin(router::fetch_segment(self, node, group, replica, id))
+    fn fetch<'a>(
+        &'a self,
+        node: u64,
+        group: u64,
+        replica: u64,
+        seg: &'a crate::catalog::SegmentRef,
+        dir: &'a Path,
+    ) -> FetchFuture<'a> {
+        Box::pin(router::fetch_segment(
+            self, node, group, replica, &seg.id, seg.bytes, dir,
+        ))
     }
 }
 
@@ -460,22 +482,17 @@ impl Node {
             if path.exists() {
                 continue;
             }
-            let bytes = peers
+            // Streamed to a part file, verified, then renamed into place:
+            // never more than one chunk in memory.
+            peers
                 .fetch(
                     router::node_of(leader_replica),
                     r.tablet.id,
                     leader_replica,
-                    &seg.id,
+                    &seg,
+                    &r.tablet.segment_dir,
                 )
                 .await?;
-            let dir = r.tablet.segment_dir.clone();
-            tokio::task::spawn_blocking(move || {
-                crate::fsutil::create_dir_durable(&dir)?;
-                crate::fsutil::durable_write(&path, &bytes)
-            })
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("store fetched segment {}: {e}", seg.id))?;
             self.stats.segments_fetched.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())

@@ -1,6 +1,9 @@
 //! Wires the QUIC transport to the tablets' Raft groups: outgoing Raft
 //! messages go out as transport calls, incoming calls are handed to the
-//! replica they name.
+//! replica they name. Both directions pass the node's [`PeerFilter`]
+//! (fault injection; empty unless a test sets it).
+
+mod filter;
 
 use std::sync::{Arc, OnceLock, Weak};
 
@@ -10,9 +13,12 @@ use crate::node::Node;
 use crate::raft::router::{CallFuture, Lane, Peers};
 use crate::transport::{Handler, HandlerFuture, MsgKind, RemoteError, Request, Transport};
 
-/// A transport shared by every tablet group of the node.
+pub use filter::{PeerFilter, WATCH_INTERVAL};
+
+/// A transport shared by every tablet group of the node, and the filter
+/// its outgoing calls pass (the node's `NodeOptions::peer_filter`).
 #[derive(Clone)]
-pub struct SharedTransport(pub Arc<Transport>);
+pub struct SharedTransport(pub Arc<Transport>, pub Arc<PeerFilter>);
 
 impl Peers for SharedTransport {
     fn call(
@@ -32,7 +38,12 @@ impl Peers for SharedTransport {
             },
             body,
         };
-        Box::pin(async move { self.0.call(node, req).await.map_err(|e| e.to_string()) })
+        Box::pin(async move {
+            if self.1.drops(node) {
+                return Err(PeerFilter::reason(node));
+            }
+            self.0.call(node, req).await.map_err(|e| e.to_string())
+        })
     }
 }
 
@@ -54,12 +65,17 @@ impl RaftHandler {
 }
 
 impl Handler for RaftHandler {
-    fn handle(&self, _from_node: u64, req: Request) -> HandlerFuture {
+    fn handle(&self, from_node: u64, req: Request) -> HandlerFuture {
         let node = self.node.get().and_then(Weak::upgrade);
         Box::pin(async move {
             let Some(node) = node else {
                 return Err(RemoteError::ShuttingDown);
             };
+            if node.options.peer_filter.drops(from_node) {
+                return Err(RemoteError::Refused {
+                    reason: PeerFilter::reason(from_node),
+                });
+            }
             if node.replica(req.group).is_none() {
                 return Err(RemoteError::UnknownGroup { group: req.group });
             }

@@ -87,6 +87,8 @@ pub fn descriptor(node: &Node, r: &Replica) -> pb::TabletDescriptor {
         checkpoint_index: data.checkpoint,
         memtable_bytes: data.memtable_bytes() as u64,
         segments: data.segments.len() as u32,
+        last_log_index: metrics.last_log_index.unwrap_or(0),
+        purged_index: metrics.purged.as_ref().map_or(0, |l| l.index()),
     }
 }
 
@@ -573,8 +575,13 @@ impl Data for DataService {
     ) -> Result<Response<pb::StatusResponse>, Status> {
         let js = self.node.journal.stats();
         let ts = self.node.transport_stats();
-        let (mut records, mut sealed) = (0, 0);
+        let (mut records, mut sealed, mut snapshots) = (0, 0, 0);
         for r in self.node.replicas.values() {
+            snapshots += r
+                .tablet
+                .stats
+                .snapshots_installed
+                .load(std::sync::atomic::Ordering::Relaxed);
             records += r
                 .tablet
                 .stats
@@ -609,6 +616,20 @@ impl Data for DataService {
             }),
             peer_rejected_frames: ts.as_ref().map_or(0, |t| t.rejected_frames),
             peer_connections_refused: ts.as_ref().map_or(0, |t| t.connections_refused),
+            peer_messages_filtered: self.node.options.peer_filter.filtered(),
+            peer_filter_blocked: self
+                .node
+                .options
+                .peer_filter
+                .blocked()
+                .into_iter()
+                .collect(),
+            segments_fetched: self
+                .node
+                .stats
+                .segments_fetched
+                .load(std::sync::atomic::Ordering::Relaxed),
+            snapshots_installed: snapshots,
         }))
     }
 }

@@ -4,6 +4,8 @@
 //! The binary is `target/<profile>/stele` of this workspace (build it first:
 //! `scripts/test` does), or `$STELE_BIN`.
 
+pub mod cell;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

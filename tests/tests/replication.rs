@@ -4,138 +4,12 @@
 //! every acknowledged record is on all three replicas exactly once.
 
 use std::collections::HashMap;
-use std::net::{TcpListener, UdpSocket};
 use std::time::{Duration, Instant};
 
-use stele_client::retry::RetryPolicy;
-use stele_client::{Client, ClientOptions};
+use stele_client::Client;
 use stele_proto::pb;
 use stele_proto::pb::data_client::DataClient;
-use stele_tests::{Proc, run};
-
-fn free_tcp() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn free_udp() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct Cell {
-    dir: tempfile::TempDir,
-    client_ports: Vec<u16>,
-    peer_ports: Vec<u16>,
-}
-
-impl Cell {
-    fn new() -> Cell {
-        let dir = tempfile::tempdir().unwrap();
-        let ca = dir.path().join("ca");
-        assert!(run(&["cert", "init", "--out", ca.to_str().unwrap()]).0);
-        for n in 1..=3 {
-            let out = dir.path().join(format!("certs{n}"));
-            let (ok, _, err) = run(&[
-                "cert",
-                "node",
-                "--ca",
-                ca.to_str().unwrap(),
-                "--node-id",
-                &n.to_string(),
-                "--out",
-                out.to_str().unwrap(),
-            ]);
-            assert!(ok, "{err}");
-        }
-        Cell {
-            dir,
-            client_ports: (0..3).map(|_| free_tcp()).collect(),
-            peer_ports: (0..3).map(|_| free_udp()).collect(),
-        }
-    }
-
-    fn args(&self, n: usize) -> Vec<String> {
-        let d = self.dir.path();
-        let peers: Vec<String> = (1..=3)
-            .filter(|m| *m != n)
-            .map(|m| format!("{m}=127.0.0.1:{}", self.peer_ports[m - 1]))
-            .collect();
-        let endpoints: Vec<String> = (1..=3)
-            .filter(|m| *m != n)
-            .map(|m| format!("{m}=http://127.0.0.1:{}", self.client_ports[m - 1]))
-            .collect();
-        [
-            "server".to_string(),
-            "--node-id".into(),
-            n.to_string(),
-            "--listen".into(),
-            format!("127.0.0.1:{}", self.client_ports[n - 1]),
-            "--peer-listen".into(),
-            format!("127.0.0.1:{}", self.peer_ports[n - 1]),
-            "--data-dir".into(),
-            d.join(format!("data{n}")).to_str().unwrap().into(),
-            "--certs".into(),
-            d.join(format!("certs{n}")).to_str().unwrap().into(),
-            "--peers".into(),
-            peers.join(","),
-            "--peer-endpoints".into(),
-            endpoints.join(","),
-            "--tablets".into(),
-            "4".into(),
-            "--memtable-bytes-max".into(),
-            "65536".into(),
-            "--election-timeout-ms".into(),
-            "1500".into(),
-            "--disk-reserve-bytes".into(),
-            "0".into(),
-            "--journal-reserve-bytes".into(),
-            "0".into(),
-        ]
-        .to_vec()
-    }
-
-    fn start(&self, nodes: &[usize]) -> HashMap<usize, Proc> {
-        let handles: Vec<_> = nodes
-            .iter()
-            .map(|n| {
-                let args = self.args(*n);
-                let n = *n;
-                std::thread::spawn(move || {
-                    let a: Vec<&str> = args.iter().map(String::as_str).collect();
-                    (
-                        n,
-                        Proc::start(&a, &[]).unwrap_or_else(|e| panic!("node {n}: {e}")),
-                    )
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    }
-
-    fn endpoint(&self, n: usize) -> String {
-        format!("http://127.0.0.1:{}", self.client_ports[n - 1])
-    }
-}
-
-fn opts() -> ClientOptions {
-    ClientOptions {
-        retry: RetryPolicy {
-            attempts_max: 30,
-            deadline: Duration::from_secs(20),
-            backoff_initial: Duration::from_millis(50),
-            backoff_max: Duration::from_millis(500),
-        },
-        request_timeout: Duration::from_secs(3),
-        ..ClientOptions::default()
-    }
-}
+use stele_tests::cell::{Cell, client_options as opts};
 
 async fn bounded_scan(endpoint: &str, max_staleness_ms: u64) -> Result<usize, stele_proto::Error> {
     let mut c = DataClient::connect(endpoint.to_string()).await.unwrap();
@@ -157,30 +31,7 @@ async fn bounded_scan(endpoint: &str, max_staleness_ms: u64) -> Result<usize, st
 /// Every record of the namespace as one node's own replicas hold it, or
 /// the refusal of a replica no leader has contacted yet (just restarted).
 async fn local_rows(endpoint: &str) -> Result<Vec<pb::Row>, tonic::Status> {
-    let mut c = DataClient::connect(endpoint.to_string()).await.unwrap();
-    let mut out = Vec::new();
-    let mut cursor = Vec::new();
-    loop {
-        let resp = c
-            .scan(pb::ScanRequest {
-                namespace: "rep/cell".into(),
-                limit: 1000,
-                cursor: cursor.clone(),
-                read: Some(pb::ReadOptions {
-                    consistency: pb::Consistency::Bounded as i32,
-                    max_staleness_ms: 600_000,
-                    partial: false,
-                }),
-                ..Default::default()
-            })
-            .await?
-            .into_inner();
-        out.extend(resp.rows);
-        if resp.next_cursor.is_empty() {
-            return Ok(out);
-        }
-        cursor = resp.next_cursor;
-    }
+    stele_tests::cell::try_local_rows(endpoint, "rep/cell").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

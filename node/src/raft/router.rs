@@ -131,49 +131,61 @@ pub trait Peers: Clone + Send + Sync + 'static {
 /// Largest segment chunk one fetch asks for.
 pub const SEGMENT_CHUNK_BYTES: u32 = 8 << 20;
 
-/// Fetches segment `id` of `group` from `node` (replica `replica`) in
-/// chunks, verifying the content hash before returning it.
+/// Fetches segment `id` (`file_len` bytes, as the snapshot naming it
+/// records) of `group` from `node` (replica `replica`) into `dir`, one chunk
+/// of at most [`SEGMENT_CHUNK_BYTES`] at a time: each chunk goes to a part
+/// file as it arrives ([`crate::segment::Incoming`]), and the file is
+/// published as `<dir>/<id>.seg` only once its length and content hash
+/// check out. On any failure, or if this future is dropped, no file is left
+/// under either name.
 pub async fn fetch_segment<P: Peers>(
     peers: &P,
     node: u64,
     group: u64,
     replica: u64,
     id: &str,
-) -> Result<Vec<u8>, String> {
-    let mut out = Vec::new();
-    loop {
+    file_len: u64,
+    dir: &std::path::Path,
+) -> Result<std::path::PathBuf, String> {
+    let (dir_, id_) = (dir.to_path_buf(), id.to_string());
+    let mut incoming =
+        blocking(move || crate::segment::Incoming::create(&dir_, &id_, file_len)).await?;
+    while !incoming.is_complete() {
         let rpc = RaftRpc::FetchSegment {
             id: id.to_string(),
-            offset: out.len() as u64,
+            offset: incoming.received(),
             len: SEGMENT_CHUNK_BYTES,
         };
         let bytes = peers
             .call(node, group, replica, Lane::Bulk, encode_msg(rpc))
             .await?;
-        match decode_msg::<RaftReply>("segment chunk", &bytes)? {
-            RaftReply::Segment { bytes, file_len } => {
-                if bytes.is_empty() && (out.len() as u64) < file_len {
-                    return Err(format!("segment {id}: empty chunk before the end"));
-                }
-                out.extend_from_slice(&bytes);
-                if out.len() as u64 > file_len {
-                    return Err(format!(
-                        "segment {id}: peer sent more than {file_len} bytes"
-                    ));
-                }
-                if out.len() as u64 == file_len {
-                    break;
-                }
-            }
+        let (chunk, declared) = match decode_msg::<RaftReply>("segment chunk", &bytes)? {
+            RaftReply::Segment { bytes, file_len } => (bytes, file_len),
             RaftReply::Refused(e) => return Err(e),
             _ => return Err(format!("segment {id}: unexpected reply")),
+        };
+        drop(bytes);
+        if chunk.len() > SEGMENT_CHUNK_BYTES as usize {
+            return Err(format!(
+                "segment {id}: peer sent a chunk of {} bytes, more than the {SEGMENT_CHUNK_BYTES} asked for",
+                chunk.len()
+            ));
         }
+        // The part file moves to a blocking thread and back; if this future
+        // is dropped meanwhile, the thread drops it, which removes the file.
+        incoming = blocking(move || incoming.append(&chunk, declared).map(|()| incoming)).await?;
     }
-    let got = crate::segment::segment_id(&out);
-    if got != id {
-        return Err(format!("segment {id}: fetched bytes hash to {got}"));
-    }
-    Ok(out)
+    blocking(move || incoming.finish()).await
+}
+
+/// Runs blocking file I/O off the async threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> crate::segment::Result<T> + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
 }
 
 /// Reads `len` bytes at `offset` of segment `id` in `dir`. The id must be a
@@ -433,5 +445,150 @@ impl<P: Peers> openraft::network::RaftNetworkFactory<C> for GroupNetwork<P> {
         _node: &openraft::impls::BasicNode,
     ) -> Self::Network {
         openraft_multi::GroupNetworkAdapter::new(self.router.clone(), target, self.group)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+    use crate::segment::{Row, SegmentHeader, WriteOptions, encode, file_name, segment_id};
+
+    /// What the fake peer does to its answers.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Fault {
+        None,
+        FlipByteInSecondChunk,
+        RefuseSecondChunk,
+        HangOnSecondChunk,
+        LieAboutLength,
+    }
+
+    /// Serves one segment in chunks of 1,000 bytes (less than asked, as a
+    /// peer may), with an optional fault.
+    #[derive(Clone)]
+    struct FakePeer {
+        bytes: Arc<Vec<u8>>,
+        fault: Fault,
+        calls: Arc<AtomicU32>,
+    }
+
+    impl Peers for FakePeer {
+        fn call(&self, _: u64, _: u64, _: u64, _: Lane, body: Bytes) -> CallFuture<'_> {
+            Box::pin(async move {
+                let RaftRpc::FetchSegment { offset, .. } = decode_msg("fetch", &body)? else {
+                    return Err("not a fetch".into());
+                };
+                let n = self.calls.fetch_add(1, Ordering::SeqCst);
+                let at = offset as usize;
+                let mut chunk = self.bytes[at..(at + 1000).min(self.bytes.len())].to_vec();
+                let mut file_len = self.bytes.len() as u64;
+                match (self.fault, n) {
+                    (Fault::FlipByteInSecondChunk, 1) => chunk[10] ^= 0x40,
+                    (Fault::RefuseSecondChunk, 1) => {
+                        return Ok(encode_msg(RaftReply::Refused("gone".into())));
+                    }
+                    (Fault::HangOnSecondChunk, 1) => std::future::pending::<()>().await,
+                    (Fault::LieAboutLength, _) => file_len += 1,
+                    _ => {}
+                }
+                Ok(encode_msg(RaftReply::Segment {
+                    bytes: chunk,
+                    file_len,
+                }))
+            })
+        }
+    }
+
+    fn sample() -> (String, Vec<u8>) {
+        let header = SegmentHeader {
+            tablet: 7,
+            vshard_lo: 0,
+            vshard_hi: 1 << 32,
+            log_first: 1,
+            log_last: 30,
+        };
+        let rows: Vec<Row> = (0..30u64)
+            .map(|i| Row {
+                namespace: "a/b".into(),
+                key: format!("k{i:03}").into_bytes(),
+                ts: i,
+                index: i + 1,
+                slot: 0,
+                // Incompressible, so the file spans several 1,000-byte chunks.
+                value: (0..200u64)
+                    .scan(i + 1, |x, _| {
+                        *x ^= *x << 13;
+                        *x ^= *x >> 7;
+                        *x ^= *x << 17;
+                        Some(*x as u8)
+                    })
+                    .collect(),
+            })
+            .collect();
+        let bytes = encode(&header, &rows, &WriteOptions::default()).unwrap();
+        (segment_id(&bytes), bytes)
+    }
+
+    fn files(dir: &Path) -> Vec<String> {
+        match std::fs::read_dir(dir) {
+            Ok(rd) => rd
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn fetch_streams_chunks_into_the_published_file() {
+        let (id, bytes) = sample();
+        assert!(
+            bytes.len() > 3000,
+            "want several chunks, got {}",
+            bytes.len()
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let seg_dir = dir.path().join("segments");
+        let peer = FakePeer {
+            bytes: Arc::new(bytes.clone()),
+            fault: Fault::None,
+            calls: Default::default(),
+        };
+        let path = fetch_segment(&peer, 2, 7, 9, &id, bytes.len() as u64, &seg_dir)
+            .await
+            .unwrap();
+        assert_eq!(path, seg_dir.join(file_name(&id)));
+        assert_eq!(std::fs::read(&path).unwrap(), bytes);
+        assert_eq!(files(&seg_dir), vec![file_name(&id)]);
+        assert!(peer.calls.load(Ordering::SeqCst) > 3);
+    }
+
+    #[tokio::test]
+    async fn a_chunk_that_does_not_verify_leaves_no_file() {
+        let (id, bytes) = sample();
+        for fault in [
+            Fault::FlipByteInSecondChunk,
+            Fault::RefuseSecondChunk,
+            Fault::LieAboutLength,
+            Fault::HangOnSecondChunk,
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let peer = FakePeer {
+                bytes: Arc::new(bytes.clone()),
+                fault,
+                calls: Default::default(),
+            };
+            let fetch = fetch_segment(&peer, 2, 7, 9, &id, bytes.len() as u64, dir.path());
+            let result = tokio::time::timeout(std::time::Duration::from_millis(500), fetch).await;
+            match fault {
+                // Dropped mid-fetch: the part file goes with it.
+                Fault::HangOnSecondChunk => assert!(result.is_err()),
+                _ => assert!(matches!(result, Ok(Err(_))), "fault accepted"),
+            }
+            assert!(files(dir.path()).is_empty(), "left {:?}", files(dir.path()));
+        }
     }
 }

@@ -7,6 +7,8 @@
 //!                     SegmentReader::open (prologue, header, footer, trailer checked)
 //!                                                       |
 //!                     scan_key / latest / scan  (blocks read on demand, crc checked)
+//!
+//! peer chunks --Incoming (<id>.seg.<n>.part, hashed as it streams)--> <dir>/<id>.seg
 //! ```
 //!
 //! Every replica builds the segment of a seal from the same rows, so
@@ -21,6 +23,7 @@ mod block;
 mod bloom;
 mod error;
 pub mod format;
+mod incoming;
 mod reader;
 mod writer;
 
@@ -30,6 +33,7 @@ mod tests;
 use std::path::Path;
 
 pub use error::{Error, Result};
+pub use incoming::{Incoming, PART_SUFFIX};
 pub use reader::SegmentReader;
 pub use writer::encode;
 

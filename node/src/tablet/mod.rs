@@ -71,6 +71,10 @@ pub struct TabletData {
     pub membership: StoredMembership,
     /// Highest log index whose rows are all in published segments.
     pub checkpoint: u64,
+    /// The log id at `checkpoint` and the membership then: what a snapshot
+    /// claims to cover (`None` before the first seal).
+    pub checkpoint_log_id: Option<LogId>,
+    pub checkpoint_membership: StoredMembership,
     /// Largest proposal time applied (a deterministic clock for receipts).
     pub clock_us: u64,
 }
@@ -81,6 +85,8 @@ pub struct TabletStats {
     pub records_applied: AtomicU64,
     pub seals_published: AtomicU64,
     pub seal_failures: AtomicU64,
+    /// Snapshots installed from a leader (catch-up past its purged log).
+    pub snapshots_installed: AtomicU64,
 }
 
 /// Everything of one tablet replica that the state machine, the seal worker
@@ -159,6 +165,10 @@ impl Tablet {
                 segments,
                 receipts,
                 applied,
+                // The catalog holds the state at the checkpoint; the journal
+                // tail after it is replayed by openraft later.
+                checkpoint_log_id: applied,
+                checkpoint_membership: membership.clone(),
                 membership,
                 checkpoint: record.checkpoint,
                 clock_us,

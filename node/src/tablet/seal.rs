@@ -19,7 +19,7 @@ use super::receipts::{self, ReceiptKey};
 use super::{Tablet, TabletData};
 use crate::catalog::{ReceiptRow, SegmentRef};
 use crate::error::{Error, Result};
-use crate::raft::encode;
+use crate::raft::{LogId, StoredMembership, encode};
 use crate::segment::{self, Row, SegmentReader};
 
 /// What to publish for the oldest frozen memtable of a tablet.
@@ -29,7 +29,8 @@ struct Plan {
     header: segment::SegmentHeader,
     add_receipts: Vec<ReceiptRow>,
     drop_receipts: Vec<ReceiptKey>,
-    applied_state: Vec<u8>,
+    seal_log_id: LogId,
+    membership: StoredMembership,
 }
 
 fn plan(tablet: &Tablet, data: &TabletData, seal_index: u64) -> Option<Plan> {
@@ -65,7 +66,8 @@ fn plan(tablet: &Tablet, data: &TabletData, seal_index: u64) -> Option<Plan> {
         rows,
         add_receipts,
         drop_receipts,
-        applied_state: encode(&(Some(frozen.seal_log_id), frozen.membership.clone())),
+        seal_log_id: frozen.seal_log_id,
+        membership: frozen.membership.clone(),
     })
 }
 
@@ -102,7 +104,8 @@ fn commit(
     seg: Option<(SegmentRef, Arc<SegmentReader>)>,
     extra_drops: &[Vec<u8>],
 ) -> Result<()> {
-    let mut record = tablet.record(data, plan.applied_state);
+    let applied_state = encode(&(Some(plan.seal_log_id), plan.membership.clone()));
+    let mut record = tablet.record(data, applied_state);
     if let Some((r, _)) = &seg {
         record.segments.push(r.clone());
     }
@@ -121,6 +124,8 @@ fn commit(
     }
     data.frozen.remove(0);
     data.checkpoint = plan.seal_index;
+    data.checkpoint_log_id = Some(plan.seal_log_id);
+    data.checkpoint_membership = plan.membership;
     for k in &plan.drop_receipts {
         data.receipts.expire_key(k);
     }
@@ -183,8 +188,9 @@ pub(crate) fn publish_front(
 }
 
 /// Removes segment files the catalog does not name (a crash between the
-/// segment write and its publish) and leftover temp files. The rows are
-/// still in the journal and the seal replays.
+/// segment write and its publish), leftover temp files, and part files of
+/// segment fetches a crash interrupted. The rows are still in the journal
+/// and the seal replays; a snapshot install fetches its segments again.
 pub fn remove_orphans(dir: &Path, published: &[SegmentRef]) -> Result<()> {
     let entries =
         std::fs::read_dir(dir).map_err(|e| Error::io(format!("list {}", dir.display()), e))?;
@@ -193,7 +199,10 @@ pub fn remove_orphans(dir: &Path, published: &[SegmentRef]) -> Result<()> {
         let entry = entry.map_err(|e| Error::io(format!("list {}", dir.display()), e))?;
         let name = entry.file_name().to_string_lossy().to_string();
         let keep = published.iter().any(|s| name == format!("{}.seg", s.id));
-        if !keep && (name.ends_with(".seg") || name.ends_with(".tmp")) {
+        let leftover = name.ends_with(".seg")
+            || name.ends_with(".tmp")
+            || name.ends_with(segment::PART_SUFFIX);
+        if !keep && leftover {
             std::fs::remove_file(entry.path())
                 .map_err(|e| Error::io(format!("remove orphan {}", entry.path().display()), e))?;
             removed = true;
@@ -204,4 +213,41 @@ pub fn remove_orphans(dir: &Path, published: &[SegmentRef]) -> Result<()> {
             .map_err(|e| Error::io(format!("fsync {}", dir.display()), e))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn orphans_temps_and_fetch_parts_are_removed_published_and_others_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let published_id = "0123456789abcdef0123456789abcdef";
+        let published = SegmentRef {
+            id: published_id.into(),
+            bytes: 1,
+            rows: 1,
+            log_first: 1,
+            log_last: 1,
+            ts_min: 0,
+            ts_max: 0,
+        };
+        let orphan = "fedcba9876543210fedcba9876543210";
+        for name in [
+            format!("{published_id}.seg"),
+            format!("{orphan}.seg"),
+            format!("{orphan}.seg.tmp"),
+            format!("{orphan}.seg.7.part"),
+            "README".to_string(),
+        ] {
+            std::fs::write(dir.path().join(name), b"x").unwrap();
+        }
+        remove_orphans(dir.path(), &[published]).unwrap();
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, vec![format!("{published_id}.seg"), "README".into()]);
+    }
 }

@@ -29,9 +29,11 @@ type Snapshot = openraft::alias::SnapshotOf<TabletConfig, SnapshotData>;
 /// A published seal for the seal worker to build: (tablet, seal index).
 pub type SealQueue = mpsc::UnboundedSender<(Arc<Tablet>, u64)>;
 
-/// Snapshot payload: the segments by name, the receipts, and the unsealed
-/// rows. Segment files are not inside: an installing replica must have (or
-/// fetch) them by id.
+/// Snapshot payload: the segments by name and the receipts, as of the
+/// checkpoint. Segment files are not inside: an installing replica must
+/// have (or fetch) them by id. `rows` (unsealed rows, sealed locally by the
+/// installer) is empty once the tablet has a checkpoint; see
+/// [`SnapshotBuilder::build_snapshot`].
 #[derive(Serialize, Deserialize)]
 struct TabletSnapshot {
     v: u16,
@@ -290,6 +292,10 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
             applied,
             membership: membership.clone(),
             checkpoint: snap.checkpoint,
+            // Exact for a snapshot at its checkpoint (no rows); otherwise
+            // the local seal below moves the checkpoint to `applied`.
+            checkpoint_log_id: applied,
+            checkpoint_membership: membership.clone(),
             clock_us,
         };
         // The unsealed rows of the snapshot exist nowhere durable on this
@@ -312,6 +318,10 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
                 .map_err(io_err)?;
         }
         *self.current.lock().expect("lock poisoned") = Some((meta.clone(), bytes));
+        tablet
+            .stats
+            .snapshots_installed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
@@ -332,19 +342,48 @@ pub struct SnapshotBuilder {
 impl RaftSnapshotBuilder<TabletConfig> for SnapshotBuilder {
     type SnapshotData = SnapshotData;
 
+    /// A snapshot of the state at the checkpoint, not at `applied`: the
+    /// published segments, the receipts applied up to the checkpoint, and
+    /// no rows. The log after the checkpoint is never purged, so a replica
+    /// installing it replays those entries and seals them exactly where the
+    /// leader did, keeping segment bytes a function of the log on every
+    /// replica (a snapshot at `applied` would make the installer seal the
+    /// unsealed rows at another boundary, into a segment no other replica
+    /// has).
+    ///
+    /// This is narrower than openraft's contract ("a snapshot has to contain
+    /// state of all applied logs") and safe because of how Stele drives it:
+    /// openraft builds a snapshot only when the tablet triggers one after a
+    /// seal (`SnapshotPolicy::Never`) or at start-up when the log was purged,
+    /// and the log is purged only up to a checkpoint, so the snapshot always
+    /// covers the purge point and the log after it is still there.
+    ///
+    /// Before the first seal there is no checkpoint; then the snapshot is of
+    /// the applied state, rows included (installing it seals them). Stele
+    /// never purges before a seal, so only openraft's conformance suite,
+    /// which purges without sealing, reaches that case.
     async fn build_snapshot(&mut self) -> io::Result<Snapshot> {
         let data = self.tablet.read();
-        let mut rows = Vec::new();
-        for f in &data.frozen {
-            rows.extend(f.memtable.rows());
-        }
-        rows.extend(data.memtable.rows());
+        let at_checkpoint = data.checkpoint_log_id.is_some();
+        let upto = if at_checkpoint {
+            data.checkpoint
+        } else {
+            u64::MAX
+        };
         let mut receipts: Vec<(Vec<u8>, Receipt)> = data
             .receipts
             .iter()
+            .filter(|(_, r)| r.index <= upto)
             .map(|(k, r)| (receipts::encode_key(k), r.clone()))
             .collect();
         receipts.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut rows = Vec::new();
+        if !at_checkpoint {
+            for f in &data.frozen {
+                rows.extend(f.memtable.rows());
+            }
+            rows.extend(data.memtable.rows());
+        }
         let snap = TabletSnapshot {
             v: SNAPSHOT_V,
             checkpoint: data.checkpoint,
@@ -352,9 +391,16 @@ impl RaftSnapshotBuilder<TabletConfig> for SnapshotBuilder {
             receipts,
             rows,
         };
-        let meta = SnapshotMeta {
-            last_log_id: data.applied,
-            last_membership: data.membership.clone(),
+        let meta = if at_checkpoint {
+            SnapshotMeta {
+                last_log_id: data.checkpoint_log_id,
+                last_membership: data.checkpoint_membership.clone(),
+            }
+        } else {
+            SnapshotMeta {
+                last_log_id: data.applied,
+                last_membership: data.membership.clone(),
+            }
         };
         drop(data);
         let bytes = encode(&snap);
