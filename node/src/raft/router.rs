@@ -34,6 +34,9 @@ type Snapshot = openraft::alias::SnapshotOf<C, SnapshotData>;
 /// Bits of a replica id that name its node.
 pub const NODE_BITS: u32 = 16;
 
+/// The shortest deadline of a control-lane Raft call (appends, votes).
+const CONTROL_TIMEOUT_MIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The node that hosts `replica`.
 pub fn node_of(replica: u64) -> u64 {
     replica & ((1 << NODE_BITS) - 1)
@@ -222,17 +225,27 @@ impl<P: Peers> Router<P> {
     }
 
     /// A control-lane call whose reply `pick` extracts.
+    /// A control-lane call bounded by openraft's deadline for it (with a
+    /// floor, so a large append on a busy machine is not cut short): a
+    /// peer that stops answering (SIGSTOP, a black-holed link) fails the
+    /// call instead of holding it until the QUIC idle timeout, and openraft
+    /// backs off, stops counting the entries in flight, and may purge.
     async fn control<T>(
         &self,
         target: u64,
         group: u64,
         rpc: RaftRpc,
         what: &str,
+        option: &RPCOption,
         pick: impl FnOnce(RaftReply) -> Option<T>,
     ) -> Result<T, RPCError<C>> {
-        match self.rpc(target, group, Lane::Control, rpc).await {
-            Ok(RaftReply::Refused(e)) | Err(e) => Err(unreachable(e)),
-            Ok(reply) => pick(reply).ok_or_else(|| unexpected(what)),
+        let ttl = option.hard_ttl().max(CONTROL_TIMEOUT_MIN);
+        match tokio::time::timeout(ttl, self.rpc(target, group, Lane::Control, rpc)).await {
+            Err(_) => Err(unreachable(format!(
+                "{what} to replica {target} timed out after {ttl:?}"
+            ))),
+            Ok(Ok(RaftReply::Refused(e)) | Err(e)) => Err(unreachable(e)),
+            Ok(Ok(reply)) => pick(reply).ok_or_else(|| unexpected(what)),
         }
     }
 
@@ -280,12 +293,19 @@ impl<P: Peers> GroupRouter<C, u64> for Router<P> {
         target: u64,
         group: u64,
         rpc: AppendEntriesRequest<C>,
-        _option: RPCOption,
+        option: RPCOption,
     ) -> Result<AppendEntriesResponse<C>, RPCError<C>> {
-        self.control(target, group, RaftRpc::Append(rpc), "append", |r| match r {
-            RaftReply::Append(r) => Some(r),
-            _ => None,
-        })
+        self.control(
+            target,
+            group,
+            RaftRpc::Append(rpc),
+            "append",
+            &option,
+            |r| match r {
+                RaftReply::Append(r) => Some(r),
+                _ => None,
+            },
+        )
         .await
     }
 
@@ -294,12 +314,19 @@ impl<P: Peers> GroupRouter<C, u64> for Router<P> {
         target: u64,
         group: u64,
         rpc: VoteRequest<C>,
-        _option: RPCOption,
+        option: RPCOption,
     ) -> Result<VoteResponse<C>, RPCError<C>> {
-        self.control(target, group, RaftRpc::Vote(rpc), "vote", |r| match r {
-            RaftReply::Vote(r) => Some(r),
-            _ => None,
-        })
+        self.control(
+            target,
+            group,
+            RaftRpc::Vote(rpc),
+            "vote",
+            &option,
+            |r| match r {
+                RaftReply::Vote(r) => Some(r),
+                _ => None,
+            },
+        )
         .await
     }
 
@@ -308,13 +335,14 @@ impl<P: Peers> GroupRouter<C, u64> for Router<P> {
         target: u64,
         group: u64,
         rpc: VoteRequest<C>,
-        _option: RPCOption,
+        option: RPCOption,
     ) -> Result<VoteResponse<C>, RPCError<C>> {
         self.control(
             target,
             group,
             RaftRpc::PreVote(rpc),
             "pre-vote",
+            &option,
             |r| match r {
                 RaftReply::Vote(r) => Some(r),
                 _ => None,
