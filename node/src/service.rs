@@ -162,7 +162,11 @@ impl DataService {
             .metrics()
             .borrow_watched()
             .current_leader
-            .map(node_of);
+            .map(node_of)
+            // A leader cut off from its quorum still names itself; pointing
+            // the client back here would loop it. Unknown sends it to the
+            // other nodes for a fresh route.
+            .filter(|n| *n != self.node.options.node_id);
         ApiError::NotLeader {
             leader_node: leader,
             leader_endpoint: leader.map(|n| self.node.endpoint_of(n)).unwrap_or_default(),
