@@ -556,6 +556,13 @@ async fn control_calls_to_one_peer_share_one_lane_and_are_batched() {
     assert_eq!(caller.control_messages, GROUPS + 1, "{caller:?}");
     assert_eq!(answerer.control_messages, GROUPS + 1, "{answerer:?}");
     assert_eq!((caller.streams, answerer.streams), (1, 1));
+    eprintln!(
+        "calls: {} in {} writes; answers: {} in {} writes",
+        caller.control_messages,
+        caller.control_batches,
+        answerer.control_messages,
+        answerer.control_batches
+    );
     assert!(
         caller.control_messages > caller.control_batches,
         "no two calls shared a write: {caller:?}"
