@@ -1,5 +1,8 @@
 //! One request and its response on one bidirectional QUIC stream: the
 //! caller's side (`call_on`) and the receiver's side (`serve_stream`).
+//! Bulk requests and large control requests travel this way; a stream
+//! that opens with a lane-open frame is a control lane and is handed to
+//! `lane::serve`.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -8,8 +11,8 @@ use bytes::Bytes;
 use quinn::{ReadExactError, RecvStream, SendStream, VarInt};
 
 use super::error::{Error, RemoteError, Result};
-use super::frame::{FrameError, FrameKind, HEADER_BYTES, Header};
-use super::{Inner, MsgKind, Request};
+use super::frame::{FrameError, FrameKind, HEADER_BYTES, Header, LANE_VERSION};
+use super::{Inner, MsgKind, Request, lane};
 
 /// Stream error codes sent with `stop`/`reset`.
 pub(super) const STREAM_PROTOCOL: VarInt = VarInt::from_u32(1);
@@ -51,25 +54,79 @@ pub(super) async fn read_frame(
     max_bytes: u64,
     inner: &Inner,
 ) -> Result<(Header, Bytes), ReadFail> {
+    let header = read_header(recv, max_bytes, inner).await?;
+    let body = read_body(recv, header, inner).await?;
+    read_end(recv).await?;
+    Ok((header, body))
+}
+
+/// Reads and bounds one header (`max_bytes` is `message_bytes_max`).
+async fn read_header(
+    recv: &mut RecvStream,
+    max_bytes: u64,
+    inner: &Inner,
+) -> Result<Header, ReadFail> {
     let mut head = [0u8; HEADER_BYTES];
     recv.read_exact(&mut head).await.map_err(read_exact_fail)?;
     inner
         .stats
         .bytes_in
         .fetch_add(HEADER_BYTES as u64, Ordering::Relaxed);
-    let header = Header::decode(&head, max_bytes)?;
+    Ok(Header::decode(&head, max_bytes)?)
+}
+
+/// Reads the body of a frame whose header passed `read_header`.
+async fn read_body(
+    recv: &mut RecvStream,
+    header: Header,
+    inner: &Inner,
+) -> Result<Bytes, ReadFail> {
     let mut body = vec![0u8; header.length as usize];
     recv.read_exact(&mut body).await.map_err(read_exact_fail)?;
     inner
         .stats
         .bytes_in
         .fetch_add(u64::from(header.length), Ordering::Relaxed);
+    Ok(Bytes::from(body))
+}
+
+/// Checks that the stream ends here.
+async fn read_end(recv: &mut RecvStream) -> Result<(), ReadFail> {
     let mut probe = [0u8; 1];
     match recv.read(&mut probe).await {
-        Ok(None) => Ok((header, Bytes::from(body))),
+        Ok(None) => Ok(()),
         Ok(Some(_)) => Err(ReadFail::Frame(FrameError::TrailingBytes)),
         Err(e) => Err(ReadFail::Stream(e.to_string())),
     }
+}
+
+/// What a stream opened by a peer starts with.
+enum Opening {
+    Request(Header, Bytes),
+    Lane,
+}
+
+/// Reads a request frame and the end of the stream, or a lane-open frame
+/// of a lane version this build speaks.
+async fn read_opening(
+    recv: &mut RecvStream,
+    max_bytes: u64,
+    inner: &Inner,
+) -> Result<Opening, ReadFail> {
+    let header = read_header(recv, max_bytes, inner).await?;
+    if header.kind != FrameKind::LaneOpen {
+        let body = read_body(recv, header, inner).await?;
+        read_end(recv).await?;
+        return Ok(Opening::Request(header, body));
+    }
+    if header.length != 1 {
+        return Err(ReadFail::Frame(FrameError::BadLaneOpen(header.length)));
+    }
+    let version = read_body(recv, header, inner).await?;
+    if version[0] != LANE_VERSION {
+        return Err(ReadFail::Frame(FrameError::BadLaneVersion(version[0])));
+    }
+    Ok(Opening::Lane)
 }
 
 pub(super) async fn write_frame(
@@ -157,9 +214,10 @@ pub(super) async fn call_on(
     }
 }
 
-/// Serves one request stream opened by `peer`: read, check, dispatch to the
-/// handler, answer. Bad frames are counted and answered with an error
-/// frame when the stream still allows it; they never end the connection.
+/// Serves one stream opened by `peer`: a request (read, check, dispatch to
+/// the handler, answer) or a control lane. Bad frames are counted and
+/// answered with an error frame when the stream still allows it; they
+/// never end the connection.
 pub(super) async fn serve_stream(
     inner: Arc<Inner>,
     peer: u64,
@@ -170,7 +228,7 @@ pub(super) async fn serve_stream(
     let max = inner.limits.message_bytes_max;
     let read = tokio::time::timeout(
         inner.limits.request_read_timeout,
-        read_frame(&mut recv, max, &inner),
+        read_opening(&mut recv, max, &inner),
     )
     .await;
     let reject = |inner: &Inner, error: RemoteError, mut send: SendStream, mut recv: RecvStream| {
@@ -210,7 +268,8 @@ pub(super) async fn serve_stream(
             reject(&inner, RemoteError::Protocol { reason }, send, recv).await;
             return;
         }
-        Ok(Ok(frame)) => frame,
+        Ok(Ok(Opening::Lane)) => return lane::serve(inner, peer, send, recv).await,
+        Ok(Ok(Opening::Request(head, body))) => (head, body),
     };
     let kind = match head.kind {
         FrameKind::Control => MsgKind::Control,
@@ -232,34 +291,7 @@ pub(super) async fn serve_stream(
         answer = inner.handler.handle(peer, req) => answer,
         _ = inner.cancel.cancelled() => Err(RemoteError::ShuttingDown),
     };
-    let (kind, body) = match answer {
-        Ok(body) => (FrameKind::Ok, body),
-        Err(error) => {
-            if matches!(
-                error,
-                RemoteError::UnknownGroup { .. } | RemoteError::UnknownReplica { .. }
-            ) {
-                inner.stats.unknown_targets.fetch_add(1, Ordering::Relaxed);
-            }
-            (FrameKind::Err, encode_remote_error(&error))
-        }
-    };
-    if body.len() as u64 > max {
-        // The handler's answer would break the caller's bound; say so
-        // instead of sending it.
-        let error = RemoteError::Internal {
-            reason: format!("response of {} bytes exceeds message_bytes_max", body.len()),
-        };
-        let body = encode_remote_error(&error);
-        let header = Header {
-            kind: FrameKind::Err,
-            group: head.group,
-            target: head.target,
-            length: body.len() as u32,
-        };
-        let _ = write_frame(&mut send, header, body, &inner).await;
-        return;
-    }
+    let (kind, body) = answer_frame(&inner, answer);
     let header = Header {
         kind,
         group: head.group,
@@ -267,4 +299,31 @@ pub(super) async fn serve_stream(
         length: body.len() as u32,
     };
     let _ = write_frame(&mut send, header, body, &inner).await;
+}
+
+/// The kind (`Ok` or `Err`) and body that answer a handler's `answer`.
+/// Counts unknown targets; an answer that would break the caller's
+/// `message_bytes_max` is replaced by an `Internal` error saying so.
+pub(super) fn answer_frame(
+    inner: &Inner,
+    answer: Result<Bytes, RemoteError>,
+) -> (FrameKind, Bytes) {
+    let error = match answer {
+        Ok(body) if body.len() as u64 <= inner.limits.message_bytes_max => {
+            return (FrameKind::Ok, body);
+        }
+        Ok(body) => RemoteError::Internal {
+            reason: format!("response of {} bytes exceeds message_bytes_max", body.len()),
+        },
+        Err(error) => {
+            if matches!(
+                error,
+                RemoteError::UnknownGroup { .. } | RemoteError::UnknownReplica { .. }
+            ) {
+                inner.stats.unknown_targets.fetch_add(1, Ordering::Relaxed);
+            }
+            error
+        }
+    };
+    (FrameKind::Err, encode_remote_error(&error))
 }

@@ -1,26 +1,34 @@
-//! The frame every transport stream carries, one request and one response
-//! per bidirectional QUIC stream.
+//! The frames transport streams carry.
 //!
 //! ```text
 //! offset size field
 //!      0    2 magic  "SN" (0x53 0x4E)
 //!      2    1 version (1)
-//!      3    1 kind   1 hello, 2 hello-ok, 3 control, 4 bulk, 5 ok, 6 err
+//!      3    1 kind   1 hello, 2 hello-ok, 3 control, 4 bulk, 5 ok, 6 err,
+//!                    7 lane-open, 8 lane-call, 9 lane-ok, 10 lane-err
 //!      4    8 group  u64 LE (hello: the node id the dialer claims)
 //!     12    8 target u64 LE (target replica; echoed in responses)
-//!     20    4 length u32 LE, body bytes that follow
-//!     24    . body   request/response bytes, or CBOR RemoteError for err
+//!     20    4 length u32 LE, body bytes that follow (after the id, if any)
+//!     24    8 id     u64 LE, only in lane-call, lane-ok and lane-err
+//!  24/32    . body   request/response bytes, CBOR RemoteError for err and
+//!                    lane-err, the lane version (1 byte) for lane-open
 //! ```
 //!
-//! The sender finishes its side of the stream after one frame; trailing
-//! bytes are a protocol violation. `length` is checked against
+//! A request stream carries one frame each way (kinds 1-6) and the sender
+//! finishes its side after it; trailing bytes are a protocol violation. A
+//! control lane (`lane.rs`) opens with one lane-open frame and then carries
+//! any number of lane frames, matched by `id`. `length` is checked against
 //! `message_bytes_max` before any body buffer is allocated. This module is
 //! pure: it encodes and decodes headers, and the stream code in `conn.rs`
-//! moves the bytes.
+//! and `lane.rs` moves the bytes.
 
 pub const MAGIC: [u8; 2] = *b"SN";
 pub const VERSION: u8 = 1;
 pub const HEADER_BYTES: usize = 24;
+/// The request id that follows the header in lane-call, lane-ok, lane-err.
+pub const LANE_ID_BYTES: usize = 8;
+/// Version of the control lane, the one body byte of its lane-open frame.
+pub const LANE_VERSION: u8 = 1;
 
 const OFF_VERSION: usize = 2;
 const OFF_KIND: usize = 3;
@@ -36,6 +44,10 @@ pub enum FrameKind {
     Bulk = 4,
     Ok = 5,
     Err = 6,
+    LaneOpen = 7,
+    LaneCall = 8,
+    LaneOk = 9,
+    LaneErr = 10,
 }
 
 impl FrameKind {
@@ -47,8 +59,20 @@ impl FrameKind {
             4 => FrameKind::Bulk,
             5 => FrameKind::Ok,
             6 => FrameKind::Err,
+            7 => FrameKind::LaneOpen,
+            8 => FrameKind::LaneCall,
+            9 => FrameKind::LaneOk,
+            10 => FrameKind::LaneErr,
             _ => return None,
         })
+    }
+
+    /// Whether a request id follows the header (the lane's messages).
+    pub fn carries_id(self) -> bool {
+        matches!(
+            self,
+            FrameKind::LaneCall | FrameKind::LaneOk | FrameKind::LaneErr
+        )
     }
 }
 
@@ -80,6 +104,12 @@ pub enum FrameError {
     Truncated,
     #[error("bytes after the frame's end")]
     TrailingBytes,
+    #[error("frame not complete within request_read_timeout")]
+    Stalled,
+    #[error("control lane version {0}; this build speaks {LANE_VERSION}")]
+    BadLaneVersion(u8),
+    #[error("lane-open frame with a {0}-byte body instead of 1")]
+    BadLaneOpen(u32),
 }
 
 impl Header {
@@ -138,6 +168,10 @@ mod tests {
             Just(FrameKind::Bulk),
             Just(FrameKind::Ok),
             Just(FrameKind::Err),
+            Just(FrameKind::LaneOpen),
+            Just(FrameKind::LaneCall),
+            Just(FrameKind::LaneOk),
+            Just(FrameKind::LaneErr),
         ]
     }
 
@@ -174,7 +208,7 @@ mod tests {
         check(&|b| b[0] = b'X', 100, FrameError::BadMagic([b'X', b'N']));
         check(&|b| b[2] = 9, 100, FrameError::BadVersion(9));
         check(&|b| b[3] = 0, 100, FrameError::BadKind(0));
-        check(&|b| b[3] = 7, 100, FrameError::BadKind(7));
+        check(&|b| b[3] = 11, 100, FrameError::BadKind(11));
         check(
             &|_| {},
             9,

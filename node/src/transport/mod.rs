@@ -5,11 +5,17 @@
 //!  call(peer, Request{group, target_replica, kind, body})
 //!    | peer slot: live connection? else dial (one dialer per peer, backoff)
 //!    v
-//!  one quinn::Connection per node pair --- one bidi stream per call ---+
-//!    Control streams prioritised over Bulk                             |
-//!                                                                      v
+//!  one quinn::Connection per node pair
+//!    +- control lane (small Control requests of every group): one
+//!    |  long-lived bidi stream per calling side, frames matched by id,
+//!    |  everything queued written in one write (lane.rs)
+//!    +- one bidi stream per call for Bulk and large Control requests
+//!       (conn.rs); Control streams prioritised over Bulk
+//!    v
 //!  remote: accept loop -> hello (cert SAN node id == claimed id) -> serve loop
 //!          -> serve_stream: bounded frame read -> Handler::handle(from, req)
+//!             or, for a lane-open frame, lane::serve: calls dispatched to
+//!             the handler concurrently, answers batched back
 //! ```
 //!
 //! A connection is usable in both directions: a node that accepted a
@@ -25,12 +31,17 @@
 //! `connections_refused`, the dialer sees the refusal on its hello stream
 //! (TLS 1.3 reports it only at first stream use) and fails the call.
 //!
-//! Every task (accept loop, per-connection serve loop, per-stream handler)
-//! is spawned on the transport's `TaskTracker` and ends on `shutdown`.
+//! The wire layout of frames and lanes is in `frame.rs` and `lane.rs`, and
+//! in `docs/FORMAT.md` section 7.
+//!
+//! Every task (accept loop, per-connection serve loop, per-stream handler,
+//! each lane's reader and writer) is spawned on the transport's
+//! `TaskTracker` and ends on `shutdown`.
 
 mod conn;
 mod error;
 mod frame;
+mod lane;
 mod peer;
 mod tls;
 
@@ -47,6 +58,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use quinn::VarInt;
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -106,8 +118,18 @@ pub struct TransportOptions {
     /// A connection with no traffic (keep-alives included) for this long is closed.
     pub idle_timeout: Duration,
     pub keepalive: Duration,
-    /// Bound on receiving one whole request frame on a stream.
+    /// Bound on receiving one whole request frame, on a request stream or
+    /// (once its first byte is in) on a control lane.
     pub request_read_timeout: Duration,
+    /// Control requests up to this size share the connection's control
+    /// lane; larger ones get a stream of their own so they cannot hold
+    /// the lane up.
+    pub control_lane_body_bytes_max: u64,
+    /// Control requests queued on one lane for its writer; more callers wait.
+    pub control_queue_max: usize,
+    /// Control calls from one lane being handled, or answered but not yet
+    /// written, at once; the lane's reader waits beyond that.
+    pub control_inflight_max: usize,
     /// Concurrent streams a peer may open on one connection; more wait.
     pub streams_max: u32,
     pub reconnect_backoff_min: Duration,
@@ -125,6 +147,9 @@ impl TransportOptions {
             idle_timeout: Duration::from_secs(30),
             keepalive: Duration::from_secs(5),
             request_read_timeout: Duration::from_secs(60),
+            control_lane_body_bytes_max: 64 << 10,
+            control_queue_max: 4096,
+            control_inflight_max: 4096,
             streams_max: 1024,
             reconnect_backoff_min: Duration::from_millis(50),
             reconnect_backoff_max: Duration::from_secs(2),
@@ -152,6 +177,12 @@ impl TransportOptions {
         if self.streams_max == 0 {
             return bad("streams_max must be positive");
         }
+        if self.control_queue_max == 0
+            || self.control_inflight_max == 0
+            || self.control_inflight_max >= Semaphore::MAX_PERMITS
+        {
+            return bad("control_queue_max and control_inflight_max must be positive");
+        }
         if self.reconnect_backoff_min.is_zero()
             || self.reconnect_backoff_min > self.reconnect_backoff_max
         {
@@ -167,6 +198,9 @@ struct Limits {
     message_bytes_max: u64,
     connect_timeout: Duration,
     request_read_timeout: Duration,
+    control_lane_body_bytes_max: u64,
+    control_queue_max: usize,
+    control_inflight_max: usize,
     backoff_min: Duration,
     backoff_max: Duration,
 }
@@ -185,8 +219,14 @@ pub struct TransportStats {
     pub connections_refused: u64,
     /// Connections given up at hello because the pair already had one.
     pub connections_duplicate: u64,
-    /// Request streams opened by this node plus those served.
+    /// Request streams and control lanes opened by this node plus those
+    /// served.
     pub streams: u64,
+    /// Writes on control lanes, both directions (this node's calls and its
+    /// answers to the peer's calls).
+    pub control_batches: u64,
+    /// Lane-call, lane-ok and lane-err frames those writes carried.
+    pub control_messages: u64,
     /// Malformed, truncated, oversized or unexpected frames (either side).
     pub rejected_frames: u64,
     /// Requests answered `UnknownGroup` or `UnknownReplica` by the handler.
@@ -202,6 +242,8 @@ struct Counters {
     connections_refused: AtomicU64,
     connections_duplicate: AtomicU64,
     streams: AtomicU64,
+    control_batches: AtomicU64,
+    control_messages: AtomicU64,
     rejected_frames: AtomicU64,
     unknown_targets: AtomicU64,
     bytes_in: AtomicU64,
@@ -251,6 +293,9 @@ impl Transport {
                 message_bytes_max: opts.message_bytes_max,
                 connect_timeout: opts.connect_timeout,
                 request_read_timeout: opts.request_read_timeout,
+                control_lane_body_bytes_max: opts.control_lane_body_bytes_max,
+                control_queue_max: opts.control_queue_max,
+                control_inflight_max: opts.control_inflight_max,
                 backoff_min: opts.reconnect_backoff_min,
                 backoff_max: opts.reconnect_backoff_max,
             },
@@ -299,8 +344,11 @@ impl Transport {
     }
 
     /// Sends `req` to the node `peer` and returns its answer. A call to this
-    /// node itself goes straight to the handler. Cancel-safe: dropping the
-    /// future resets the stream.
+    /// node itself goes straight to the handler. A control request up to
+    /// `control_lane_body_bytes_max` goes on the connection's control lane,
+    /// anything else on a stream of its own. Cancel-safe: dropping the
+    /// future forgets a lane call (its answer is dropped when it comes)
+    /// or resets the call's stream.
     pub async fn call(&self, peer: u64, req: Request) -> Result<Bytes> {
         let inner = &self.inner;
         if inner.cancel.is_cancelled() {
@@ -320,8 +368,12 @@ impl Transport {
                 .await
                 .map_err(|error| Error::Remote { peer, error });
         }
-        let conn = inner.connection(peer).await?;
-        conn::call_on(inner, peer, &conn, req).await
+        let link = inner.connection(peer).await?;
+        if req.kind == MsgKind::Control && bytes <= inner.limits.control_lane_body_bytes_max {
+            lane::call(inner, peer, &link.conn, &link.lanes, req).await
+        } else {
+            conn::call_on(inner, peer, &link.conn, req).await
+        }
     }
 
     pub fn stats(&self) -> TransportStats {
@@ -339,6 +391,8 @@ impl Transport {
             connections_refused: s.connections_refused.load(Ordering::Relaxed),
             connections_duplicate: s.connections_duplicate.load(Ordering::Relaxed),
             streams: s.streams.load(Ordering::Relaxed),
+            control_batches: s.control_batches.load(Ordering::Relaxed),
+            control_messages: s.control_messages.load(Ordering::Relaxed),
             rejected_frames: s.rejected_frames.load(Ordering::Relaxed),
             unknown_targets: s.unknown_targets.load(Ordering::Relaxed),
             bytes_in: s.bytes_in.load(Ordering::Relaxed),
@@ -377,7 +431,7 @@ impl Inner {
 
     /// The live connection to `peer`, dialing it if needed. Only one dial
     /// per peer runs at a time; concurrent callers wait for its outcome.
-    async fn connection(self: &Arc<Self>, peer_id: u64) -> Result<quinn::Connection> {
+    async fn connection(self: &Arc<Self>, peer_id: u64) -> Result<Link> {
         let peer = self
             .peers
             .lock()
@@ -385,15 +439,15 @@ impl Inner {
             .get(&peer_id)
             .cloned()
             .ok_or(Error::UnknownPeer { peer: peer_id })?;
-        if let Some(conn) = peer.live_conn() {
-            return Ok(conn);
+        if let Some(link) = peer.live_link() {
+            return Ok(link);
         }
         let _dialing = tokio::select! {
             guard = peer.dial_lock.lock() => guard,
             _ = self.cancel.cancelled() => return Err(Error::ShutDown),
         };
-        if let Some(conn) = peer.live_conn() {
-            return Ok(conn);
+        if let Some(link) = peer.live_link() {
+            return Ok(link);
         }
         let addr = {
             let mut st = peer.state.lock().unwrap();
@@ -417,10 +471,10 @@ impl Inner {
         let mut st = peer.state.lock().unwrap();
         st.dialing = false;
         match result {
-            Ok(conn) => {
+            Ok(link) => {
                 st.backoff = Duration::ZERO;
                 st.next_dial_at = None;
-                Ok(conn)
+                Ok(link)
             }
             Err(e) => {
                 st.backoff =
@@ -434,11 +488,7 @@ impl Inner {
 
     /// Handshake + hello. On `Duplicate`, waits for the peer's own
     /// connection to arrive through the accept loop and returns that.
-    async fn dial(
-        self: &Arc<Self>,
-        peer: &Arc<Peer>,
-        addr: SocketAddr,
-    ) -> Result<quinn::Connection> {
+    async fn dial(self: &Arc<Self>, peer: &Arc<Peer>, addr: SocketAddr) -> Result<Link> {
         let peer_id = peer.id;
         let fail = |reason: String| Error::Connect {
             peer: peer_id,
@@ -488,8 +538,7 @@ impl Inner {
                 self.stats
                     .connections_dialed
                     .fetch_add(1, Ordering::Relaxed);
-                self.install(peer, conn.clone(), true);
-                Ok(conn)
+                Ok(self.install(peer, conn, true))
             }
             FrameKind::Err if decode_remote_error(&body) == Ok(RemoteError::Duplicate) => {
                 self.stats
@@ -520,12 +569,16 @@ impl Inner {
 
     /// Makes `conn` the pair's connection and starts serving the peer's
     /// requests on it. The connection it replaces, if any, is closed.
-    fn install(self: &Arc<Self>, peer: &Arc<Peer>, conn: quinn::Connection, dialed_by_us: bool) {
-        let old = peer.state.lock().unwrap().conn.replace(Link {
-            conn: conn.clone(),
-            dialed_by_us,
-        });
+    fn install(
+        self: &Arc<Self>,
+        peer: &Arc<Peer>,
+        conn: quinn::Connection,
+        dialed_by_us: bool,
+    ) -> Link {
+        let link = Link::new(conn.clone(), dialed_by_us);
+        let old = peer.state.lock().unwrap().conn.replace(link.clone());
         self.register(peer, conn, old);
+        link
     }
 
     fn register(self: &Arc<Self>, peer: &Arc<Peer>, conn: quinn::Connection, old: Option<Link>) {
@@ -645,10 +698,7 @@ async fn accept_one(inner: Arc<Inner>, incoming: quinn::Incoming) {
         if peer::refuse_incoming(inner.node_id, peer_id, st.dialing, live_dialed_by_us) {
             None
         } else {
-            Some(st.conn.replace(Link {
-                conn: conn.clone(),
-                dialed_by_us: false,
-            }))
+            Some(st.conn.replace(Link::new(conn.clone(), false)))
         }
     };
     match decision {

@@ -2,11 +2,13 @@
 //! connection when both nodes dial each other at once.
 
 use std::net::SocketAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
+
+use super::lane::Lanes;
 
 /// Whether a node `local` refuses an incoming connection from `remote`
 /// because the pair already has (or is about to have) the winning one.
@@ -25,10 +27,22 @@ pub(super) fn refuse_incoming(
     local < remote && (dialing || live_dialed_by_us)
 }
 
+/// The pair's connection and what rides on it.
 #[derive(Clone)]
 pub(super) struct Link {
     pub conn: quinn::Connection,
     pub dialed_by_us: bool,
+    pub lanes: Arc<Lanes>,
+}
+
+impl Link {
+    pub fn new(conn: quinn::Connection, dialed_by_us: bool) -> Link {
+        Link {
+            conn,
+            dialed_by_us,
+            lanes: Arc::default(),
+        }
+    }
 }
 
 pub(super) struct PeerState {
@@ -64,22 +78,22 @@ impl Peer {
         }
     }
 
-    pub fn live_conn(&self) -> Option<quinn::Connection> {
+    pub fn live_link(&self) -> Option<Link> {
         let st = self.state.lock().unwrap();
         st.conn
             .as_ref()
             .filter(|l| l.conn.close_reason().is_none())
-            .map(|l| l.conn.clone())
+            .cloned()
     }
 
     /// Waits until a live connection is installed, or `deadline`.
-    pub async fn wait_installed(&self, deadline: Instant) -> Option<quinn::Connection> {
+    pub async fn wait_installed(&self, deadline: Instant) -> Option<Link> {
         loop {
             let notified = self.installed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(conn) = self.live_conn() {
-                return Some(conn);
+            if let Some(link) = self.live_link() {
+                return Some(link);
             }
             tokio::time::timeout_at(deadline, notified).await.ok()?;
         }

@@ -8,16 +8,19 @@ use std::time::Duration;
 use bytes::Bytes;
 use rand::RngCore;
 
-use super::frame::{FrameKind, HEADER_BYTES, Header};
+use super::frame::{FrameKind, HEADER_BYTES, Header, LANE_VERSION};
 use super::*;
 use crate::certs::{CellCa, NodeIdentity};
 
 /// Hosts groups `0..groups`; group g's replica on node n is `g * 1000 + n`.
-/// Control requests are echoed; bulk requests answer their length.
+/// Control requests are echoed; bulk requests answer their length. A
+/// control request for the `slow` group takes its time, logging
+/// "slow start" when it begins.
 struct TestHandler {
     node: u64,
     groups: u64,
     log: Arc<Mutex<Vec<String>>>,
+    slow: Option<(u64, Duration)>,
 }
 
 fn replica(group: u64, node: u64) -> u64 {
@@ -26,7 +29,7 @@ fn replica(group: u64, node: u64) -> u64 {
 
 impl Handler for TestHandler {
     fn handle(&self, _from_node: u64, req: Request) -> HandlerFuture {
-        let (node, groups, log) = (self.node, self.groups, self.log.clone());
+        let (node, groups, log, slow) = (self.node, self.groups, self.log.clone(), self.slow);
         Box::pin(async move {
             if req.group >= groups {
                 return Err(RemoteError::UnknownGroup { group: req.group });
@@ -38,7 +41,15 @@ impl Handler for TestHandler {
                 });
             }
             match req.kind {
-                MsgKind::Control => Ok(req.body),
+                MsgKind::Control => {
+                    if let Some((group, pause)) = slow
+                        && group == req.group
+                    {
+                        log.lock().unwrap().push("slow start".into());
+                        tokio::time::sleep(pause).await;
+                    }
+                    Ok(req.body)
+                }
                 MsgKind::Bulk => {
                     log.lock().unwrap().push("bulk received".into());
                     Ok(Bytes::copy_from_slice(
@@ -63,11 +74,21 @@ fn any_port() -> SocketAddr {
 }
 
 fn bind(opts: TransportOptions, groups: u64) -> (Transport, Arc<Mutex<Vec<String>>>) {
+    bind_slow(opts, groups, None)
+}
+
+/// `bind` with a handler that is slow for one group.
+fn bind_slow(
+    opts: TransportOptions,
+    groups: u64,
+    slow: Option<(u64, Duration)>,
+) -> (Transport, Arc<Mutex<Vec<String>>>) {
     let log = Arc::new(Mutex::new(Vec::new()));
     let handler = Arc::new(TestHandler {
         node: opts.node_id,
         groups,
         log: log.clone(),
+        slow,
     });
     (Transport::bind(opts, handler).unwrap(), log)
 }
@@ -387,6 +408,7 @@ async fn reconnects_after_the_peer_comes_back() {
             node: 2,
             groups: 10,
             log,
+            slow: None,
         });
         match Transport::bind(options(ids[1].clone(), addr2), handler) {
             Ok(t) => {
@@ -423,7 +445,7 @@ async fn bulk_does_not_block_control() {
     let t1 = Arc::new(t1);
     // Connect first so that the bulk transfer's progress can be observed.
     assert_eq!(t1.call(2, control(1, 2, b"warm")).await.unwrap(), "warm");
-    let conn = t1.inner.peers.lock().unwrap()[&2].live_conn().unwrap();
+    let conn = t1.inner.peers.lock().unwrap()[&2].live_link().unwrap().conn;
     let sent_before = conn.stats().udp_tx.bytes;
 
     let bulk = {
@@ -480,5 +502,432 @@ async fn options_are_validated() {
         .await
         .unwrap_err();
     assert!(matches!(err, Error::TooLarge { .. }), "{err:?}");
+    t1.shutdown().await;
+}
+
+/// Polls `cond` until it holds; panics after 10 s.
+async fn wait_for(what: &str, cond: impl Fn() -> bool) {
+    for _ in 0..1000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// The lanes of `t`'s live connection to `peer`.
+fn lanes(t: &Transport, peer: u64) -> Arc<lane::Lanes> {
+    t.inner.peers.lock().unwrap()[&peer]
+        .live_link()
+        .unwrap()
+        .lanes
+}
+
+fn count(log: &Mutex<Vec<String>>, entry: &str) -> usize {
+    log.lock().unwrap().iter().filter(|e| *e == entry).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_calls_to_one_peer_share_one_lane_and_are_batched() {
+    const GROUPS: u64 = 1000;
+    let (_ca, ts) = cell(2, GROUPS);
+    // Open the lane first, so that the calls below queue up behind the
+    // writer rather than behind the lane's opening.
+    assert_eq!(ts[0].call(2, control(0, 2, b"warm")).await.unwrap(), "warm");
+    let calls = (0..GROUPS).map(|group| {
+        let t = &ts[0];
+        async move {
+            let body = Bytes::from(format!("group {group}"));
+            let req = Request {
+                group,
+                target_replica: replica(group, 2),
+                kind: MsgKind::Control,
+                body: body.clone(),
+            };
+            (t.call(2, req).await, body)
+        }
+    });
+    for (got, want) in futures::future::join_all(calls).await {
+        assert_eq!(got.unwrap(), want);
+    }
+    let (caller, answerer) = (ts[0].stats(), ts[1].stats());
+    // Every call and every answer went over the one lane each way.
+    assert_eq!(caller.control_messages, GROUPS + 1, "{caller:?}");
+    assert_eq!(answerer.control_messages, GROUPS + 1, "{answerer:?}");
+    assert_eq!((caller.streams, answerer.streams), (1, 1));
+    eprintln!(
+        "calls: {} in {} writes; answers: {} in {} writes",
+        caller.control_messages,
+        caller.control_batches,
+        answerer.control_messages,
+        answerer.control_batches
+    );
+    assert!(
+        caller.control_messages > caller.control_batches,
+        "no two calls shared a write: {caller:?}"
+    );
+    assert_eq!(caller.rejected_frames + answerer.rejected_frames, 0);
+    shutdown_all(&ts).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_handler_holds_up_no_other_group() {
+    let (_ca, ids) = NodeIdentity::ephemeral_cell(2).unwrap();
+    let (t1, _) = bind(options(ids[0].clone(), any_port()), 10);
+    let slow = Some((1, Duration::from_secs(2)));
+    let (t2, log2) = bind_slow(options(ids[1].clone(), any_port()), 10, slow);
+    t1.set_peer(2, t2.local_addr().unwrap());
+    let t1 = Arc::new(t1);
+    let (done, mut finished) = tokio::sync::mpsc::unbounded_channel();
+    let slow_call = {
+        let (t1, done) = (t1.clone(), done.clone());
+        tokio::spawn(async move {
+            let answer = t1.call(2, control(1, 2, b"slow")).await;
+            done.send(("group 1", answer)).unwrap();
+        })
+    };
+    wait_for("the slow handler to start", || {
+        count(&log2, "slow start") == 1
+    })
+    .await;
+    let answer = t1.call(2, control(2, 2, b"fast")).await;
+    done.send(("group 2", answer)).unwrap();
+    let (first, answer) = finished.recv().await.unwrap();
+    assert_eq!((first, answer.unwrap()), ("group 2", Bytes::from("fast")));
+    let (second, answer) = finished.recv().await.unwrap();
+    assert_eq!((second, answer.unwrap()), ("group 1", Bytes::from("slow")));
+    slow_call.await.unwrap();
+    // Both calls shared the lane.
+    assert_eq!(t1.stats().streams, 1);
+    t1.shutdown().await;
+    t2.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_control_call_is_forgotten_and_its_late_answer_dropped() {
+    let (_ca, ids) = NodeIdentity::ephemeral_cell(2).unwrap();
+    let (t1, _) = bind(options(ids[0].clone(), any_port()), 10);
+    let slow = Some((1, Duration::from_millis(500)));
+    let (t2, log2) = bind_slow(options(ids[1].clone(), any_port()), 10, slow);
+    t1.set_peer(2, t2.local_addr().unwrap());
+    assert_eq!(t1.call(2, control(2, 2, b"warm")).await.unwrap(), "warm");
+    let lanes = lanes(&t1, 2);
+    let call = t1.call(2, control(1, 2, b"late"));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), call)
+            .await
+            .is_err()
+    );
+    assert_eq!(count(&log2, "slow start"), 1);
+    assert_eq!(lanes.waiting_calls(), 0, "the dropped call left its entry");
+    // The answer still comes (the answering side cannot know) and goes.
+    wait_for("the late answer", || t2.stats().control_messages == 2).await;
+    assert_eq!(t1.call(2, control(2, 2, b"after")).await.unwrap(), "after");
+    let (s1, s2) = (t1.stats(), t2.stats());
+    assert_eq!((s1.rejected_frames, s2.rejected_frames), (0, 0));
+    assert_eq!(s1.streams, 1, "the lane survived: {s1:?}");
+    assert_eq!(lanes.waiting_calls(), 0);
+    t1.shutdown().await;
+    t2.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_control_calls_fail_when_the_peer_shuts_down() {
+    let (_ca, ids) = NodeIdentity::ephemeral_cell(2).unwrap();
+    let (t1, _) = bind(options(ids[0].clone(), any_port()), 10);
+    let slow = Some((1, Duration::from_secs(600)));
+    let (t2, log2) = bind_slow(options(ids[1].clone(), any_port()), 10, slow);
+    t1.set_peer(2, t2.local_addr().unwrap());
+    let t1 = Arc::new(t1);
+    assert_eq!(t1.call(2, control(2, 2, b"warm")).await.unwrap(), "warm");
+    let lanes = lanes(&t1, 2);
+    let calls: Vec<_> = (0..5)
+        .map(|_| {
+            let t1 = t1.clone();
+            tokio::spawn(async move { t1.call(2, control(1, 2, b"never")).await })
+        })
+        .collect();
+    wait_for("five slow handlers", || count(&log2, "slow start") == 5).await;
+    assert_eq!(lanes.waiting_calls(), 5);
+    t2.shutdown().await;
+    for call in calls {
+        let answer = tokio::time::timeout(Duration::from_secs(10), call)
+            .await
+            .expect("a waiting call hung after its peer shut down")
+            .unwrap();
+        assert!(
+            matches!(answer, Err(Error::ConnectionLost { peer: 2, .. })),
+            "{answer:?}"
+        );
+    }
+    assert_eq!(lanes.waiting_calls(), 0);
+    t1.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_control_request_takes_a_stream_of_its_own() {
+    let (_ca, ts) = cell(2, 10);
+    let big = Bytes::from(vec![1u8; (64 << 10) + 1]);
+    let req = Request {
+        body: big.clone(),
+        ..control(1, 2, b"")
+    };
+    assert_eq!(ts[0].call(2, req).await.unwrap(), big);
+    let s = ts[0].stats();
+    assert_eq!((s.streams, s.control_messages), (1, 0), "{s:?}");
+    assert_eq!(
+        ts[0].call(2, control(1, 2, b"small")).await.unwrap(),
+        "small"
+    );
+    let s = ts[0].stats();
+    assert_eq!((s.streams, s.control_messages), (2, 1), "{s:?}");
+    shutdown_all(&ts).await;
+}
+
+/// One frame as a hand-driven peer sees it.
+#[derive(Debug)]
+struct RawFrame {
+    kind: FrameKind,
+    group: u64,
+    id: u64,
+    body: Bytes,
+}
+
+/// A frame in the lane layout of `docs/FORMAT.md`: header, then the id
+/// for lane-call/ok/err, then the body.
+fn lane_frame(kind: FrameKind, group: u64, target: u64, id: u64, body: &[u8]) -> Vec<u8> {
+    let header = Header {
+        kind,
+        group,
+        target,
+        length: body.len() as u32,
+    };
+    let mut out = header.encode().to_vec();
+    if kind.carries_id() {
+        out.extend_from_slice(&id.to_le_bytes());
+    }
+    out.extend_from_slice(body);
+    out
+}
+
+fn lane_open(version: u8) -> Vec<u8> {
+    lane_frame(FrameKind::LaneOpen, 0, 0, 0, &[version])
+}
+
+fn lane_call(group: u64, id: u64, body: &[u8]) -> Vec<u8> {
+    lane_frame(FrameKind::LaneCall, group, replica(group, 1), id, body)
+}
+
+fn parse_frames(mut bytes: &[u8]) -> Vec<RawFrame> {
+    let mut frames = Vec::new();
+    while !bytes.is_empty() {
+        let head: &[u8; HEADER_BYTES] = bytes[..HEADER_BYTES].try_into().unwrap();
+        let header = Header::decode(head, 1 << 20).unwrap();
+        let mut at = HEADER_BYTES;
+        let mut id = 0;
+        if header.kind.carries_id() {
+            id = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+            at += 8;
+        }
+        let end = at + header.length as usize;
+        frames.push(RawFrame {
+            kind: header.kind,
+            group: header.group,
+            id,
+            body: Bytes::copy_from_slice(&bytes[at..end]),
+        });
+        bytes = &bytes[end..];
+    }
+    frames
+}
+
+impl RawClient {
+    /// Sends `bytes` on a new stream, finishes it, returns the frames of
+    /// the answer.
+    async fn lane_exchange(&self, bytes: &[u8]) -> Vec<RawFrame> {
+        let (mut send, mut recv) = self.conn.open_bi().await.unwrap();
+        // The server may stop reading early (a bad frame); that is fine.
+        let _ = send.write_all(bytes).await;
+        let _ = send.finish();
+        parse_frames(&recv.read_to_end(1 << 20).await.unwrap())
+    }
+}
+
+/// The error of a lane's closing `err` frame.
+fn lane_refusal(frames: &[RawFrame]) -> RemoteError {
+    let last = frames.last().expect("an answer");
+    assert_eq!(last.kind, FrameKind::Err, "{frames:?}");
+    conn::decode_remote_error(&last.body).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_frames_on_a_control_lane_are_rejected_and_counted() {
+    const MAX: u64 = 1 << 20;
+    let (_ca, ids) = NodeIdentity::ephemeral_cell(2).unwrap();
+    let mut o1 = options(ids[0].clone(), any_port());
+    o1.message_bytes_max = MAX;
+    let (server, _) = bind(o1, 10);
+    let addr = server.local_addr().unwrap();
+    let (raw, answer) = RawClient::connect(&ids[1], addr, 2).await;
+    assert_eq!(answer.kind, FrameKind::HelloOk);
+
+    // A well-formed lane: both calls answered by id, in one stream.
+    let mut good = lane_open(LANE_VERSION);
+    good.extend(lane_call(3, 7, b"seven"));
+    good.extend(lane_call(4, 9, b"nine"));
+    let frames = raw.lane_exchange(&good).await;
+    let mut answers: Vec<_> = frames
+        .iter()
+        .map(|f| (f.kind, f.group, f.id, f.body.clone()))
+        .collect();
+    answers.sort_by_key(|a| a.2);
+    assert_eq!(
+        answers,
+        [
+            (FrameKind::LaneOk, 3, 7, Bytes::from("seven")),
+            (FrameKind::LaneOk, 4, 9, Bytes::from("nine")),
+        ]
+    );
+
+    let with_open = |bytes: &[u8]| {
+        let mut out = lane_open(LANE_VERSION);
+        out.extend_from_slice(bytes);
+        out
+    };
+    let mut random = vec![0u8; 500];
+    rand::rng().fill_bytes(&mut random);
+    random[0] = 0xFF; // never the magic
+    let oversized = Header {
+        kind: FrameKind::LaneCall,
+        group: 3,
+        target: replica(3, 1),
+        length: MAX as u32 + 1,
+    }
+    .encode();
+    let mut truncated = lane_call(3, 1, b"whole");
+    truncated.extend_from_slice(&lane_call(3, 2, &[1; 100])[..HEADER_BYTES + 8 + 10]);
+    let answer_kind = lane_frame(FrameKind::LaneOk, 3, replica(3, 1), 1, b"x");
+    let plain_control = Header {
+        kind: FrameKind::Control,
+        group: 3,
+        target: replica(3, 1),
+        length: 0,
+    }
+    .encode();
+    let cases: [(&str, Vec<u8>); 6] = [
+        ("random", with_open(&random)),
+        ("oversized", with_open(&oversized)),
+        ("truncated", with_open(&truncated)),
+        ("answer kind", with_open(&answer_kind)),
+        ("plain control frame", with_open(&plain_control)),
+        ("lane version 9", lane_open(9)),
+    ];
+    for (i, (name, bytes)) in cases.iter().enumerate() {
+        let frames = raw.lane_exchange(bytes).await;
+        let error = lane_refusal(&frames);
+        match (*name, &error) {
+            ("oversized", RemoteError::TooLarge { bytes, max_bytes }) => {
+                assert_eq!((*bytes, *max_bytes), (MAX + 1, MAX));
+            }
+            ("oversized", _) => panic!("oversized: {error:?}"),
+            (_, RemoteError::Protocol { .. }) => {}
+            _ => panic!("{name}: {error:?}"),
+        }
+        if *name == "truncated" {
+            // The whole call before the cut was still answered.
+            assert_eq!(frames.len(), 2, "{frames:?}");
+            assert_eq!((frames[0].kind, frames[0].id), (FrameKind::LaneOk, 1));
+        }
+        assert_eq!(server.stats().rejected_frames, i as u64 + 1, "{name}");
+    }
+
+    // An unknown group on a lane: answered by id, counted, lane goes on.
+    let mut unknown = lane_open(LANE_VERSION);
+    unknown.extend(lane_call(99, 5, b"?"));
+    unknown.extend(lane_call(3, 6, b"fine"));
+    let frames = raw.lane_exchange(&unknown).await;
+    assert_eq!(frames.len(), 2, "{frames:?}");
+    let err = frames.iter().find(|f| f.id == 5).unwrap();
+    assert_eq!(err.kind, FrameKind::LaneErr);
+    assert_eq!(
+        conn::decode_remote_error(&err.body).unwrap(),
+        RemoteError::UnknownGroup { group: 99 }
+    );
+    assert_eq!(server.stats().unknown_targets, 1);
+
+    // The connection still serves lanes, and the node other peers.
+    assert_eq!(raw.lane_exchange(&good).await.len(), 2);
+    let (client, _) = bind(options(ids[1].clone(), any_port()), 10);
+    client.set_peer(1, addr);
+    assert_eq!(
+        client.call(1, control(4, 1, b"fine")).await.unwrap(),
+        "fine"
+    );
+    assert_eq!(server.stats().rejected_frames, 6);
+    client.shutdown().await;
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_bulk_stream_does_not_block_the_control_lane() {
+    let (_ca, ids) = NodeIdentity::ephemeral_cell(2).unwrap();
+    let (t1, _) = bind(options(ids[0].clone(), any_port()), 10);
+    let t1 = Arc::new(t1);
+    // "Node 2" is driven by hand: it reads no more of node 1's bulk call
+    // than its header, and answers node 1's control lane.
+    let (raw, answer) = RawClient::connect(&ids[1], t1.local_addr().unwrap(), 2).await;
+    assert_eq!(answer.kind, FrameKind::HelloOk);
+    let bulk = {
+        let t1 = t1.clone();
+        tokio::spawn(async move {
+            let req = Request {
+                group: 2,
+                target_replica: replica(2, 2),
+                kind: MsgKind::Bulk,
+                body: Bytes::from(vec![7u8; 32 << 20]),
+            };
+            t1.call(2, req).await
+        })
+    };
+    let (_bulk_send, mut bulk_recv) = raw.conn.accept_bi().await.unwrap();
+    let mut head = [0u8; HEADER_BYTES];
+    bulk_recv.read_exact(&mut head).await.unwrap();
+    assert_eq!(
+        Header::decode(&head, 64 << 20).unwrap().kind,
+        FrameKind::Bulk
+    );
+
+    let conn = raw.conn.clone();
+    let answering = tokio::spawn(async move {
+        let (mut send, mut recv) = conn.accept_bi().await.unwrap();
+        let mut open = [0u8; HEADER_BYTES + 1];
+        recv.read_exact(&mut open).await.unwrap();
+        assert_eq!(open[..], lane_open(LANE_VERSION)[..]);
+        let mut head = [0u8; HEADER_BYTES + 8];
+        while recv.read_exact(&mut head).await.is_ok() {
+            let h = Header::decode(head[..HEADER_BYTES].try_into().unwrap(), 1 << 20).unwrap();
+            let id = u64::from_le_bytes(head[HEADER_BYTES..].try_into().unwrap());
+            let mut body = vec![0; h.length as usize];
+            recv.read_exact(&mut body).await.unwrap();
+            let answer = lane_frame(FrameKind::LaneOk, h.group, h.target, id, &body);
+            send.write_all(&answer).await.unwrap();
+        }
+    });
+    for i in 0..10 {
+        let body = Bytes::from(format!("control {i}"));
+        let req = Request {
+            body: body.clone(),
+            ..control(3, 2, b"")
+        };
+        let answer = tokio::time::timeout(Duration::from_secs(10), t1.call(2, req))
+            .await
+            .expect("a control call waited for the stalled bulk stream");
+        assert_eq!(answer.unwrap(), body);
+    }
+    assert!(!bulk.is_finished(), "the bulk call's reader never read it");
+    raw.conn.close(VarInt::from_u32(0), b"done");
+    assert!(bulk.await.unwrap().is_err());
+    answering.abort();
     t1.shutdown().await;
 }
