@@ -39,6 +39,8 @@ enum Command {
     Scan(ops::ScanArgs),
     /// Measure durable appends against a running cell, or the raw fsync rate of a device.
     Bench(ops::BenchArgs),
+    /// Print one node's counters (journal, seals, peers, pacer).
+    Status(ops::StatusArgs),
     /// Cell CA and node certificates for node-to-node mutual TLS.
     #[command(subcommand)]
     Cert(CertCommand),
@@ -394,6 +396,7 @@ fn run() -> anyhow::Result<()> {
             Command::Append(a) => ops::run_append(a).await,
             Command::Scan(a) => ops::run_scan(a).await,
             Command::Bench(a) => ops::run_bench(a).await,
+            Command::Status(a) => ops::run_status(a).await,
         }
     })
 }

@@ -621,6 +621,18 @@ impl Data for DataService {
             peer_rejected_frames: ts.as_ref().map_or(0, |t| t.rejected_frames),
             peer_connections_refused: ts.as_ref().map_or(0, |t| t.connections_refused),
             peer_messages_filtered: self.node.options.peer_filter.filtered(),
+            peer_control_messages: ts.as_ref().map_or(0, |t| t.control_messages),
+            peer_control_batches: ts.as_ref().map_or(0, |t| t.control_batches),
+            heartbeat_rounds: self
+                .node
+                .pacer_stats
+                .heartbeat_rounds
+                .load(std::sync::atomic::Ordering::Relaxed),
+            campaigns: self
+                .node
+                .pacer_stats
+                .campaigns
+                .load(std::sync::atomic::Ordering::Relaxed),
             peer_filter_blocked: self
                 .node
                 .options

@@ -88,6 +88,17 @@ async fn dev_nodes_3_runs_a_replicated_cell_and_stops_it() {
         total >= 4,
         "the leader must reach both followers: {total} connection ends"
     );
+    // The operator's view of the same counters, through the CLI. Every node
+    // has led a heartbeat round or answered the leader's control messages.
+    let (ok, out, err) = stele_tests::run(&["status", "--endpoint", &endpoints[0], "--json"]);
+    assert!(ok, "{err}");
+    let st: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(st["tablets"], 4, "{st}");
+    assert!(st["peer_control_messages"].as_u64().unwrap() > 0, "{st}");
+    assert!(
+        st["peer_control_messages"].as_u64() >= st["peer_control_batches"].as_u64(),
+        "{st}"
+    );
     assert!(proc.terminate().success());
     // Every node it started is gone: their client ports are free again.
     for i in 0..3 {
