@@ -501,7 +501,7 @@ impl Outgoing {
 }
 
 /// Writes queued frames until the queue closes or `end` fires. Each round
-/// takes everything queued by then (up to `BATCH_BYTES_MAX`) and writes it
+/// yields once after its first frame, then takes everything queued by then (up to `BATCH_BYTES_MAX`) and writes it
 /// in one call, so many groups' messages queued together leave together.
 /// Returns why the stream failed, if it did.
 async fn write_batches(
@@ -519,6 +519,10 @@ async fn write_batches(
         let Some(mut next) = first else {
             return Ok(());
         };
+        // Let the tasks that are ready now (other groups' Raft cores, other
+        // handlers) queue their messages before this batch closes: a yield,
+        // not a timer, so a lone message waits only one scheduling round.
+        tokio::task::yield_now().await;
         let mut batch = BytesMut::new();
         let mut messages = 0;
         loop {
