@@ -84,6 +84,27 @@ impl Cell {
         self.data_dir(n).join("segments").join(tablet.to_string())
     }
 
+    /// Segment files (`*.seg`) of `tablet` on node `n` by name, with their
+    /// bytes; empty if the node has none yet.
+    pub fn segment_files(
+        &self,
+        n: usize,
+        tablet: u64,
+    ) -> std::collections::BTreeMap<String, Vec<u8>> {
+        let Ok(dir) = std::fs::read_dir(self.segment_dir(n, tablet)) else {
+            return Default::default();
+        };
+        dir.map(|e| e.unwrap())
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".seg"))
+            .map(|e| {
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    std::fs::read(e.path()).unwrap(),
+                )
+            })
+            .collect()
+    }
+
     /// The peer filter file of node `n`.
     pub fn block_file(&self, n: usize) -> PathBuf {
         self.dir.path().join(format!("block{n}"))

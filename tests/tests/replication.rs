@@ -151,6 +151,24 @@ async fn leader_killed_new_leader_serves_and_replicas_converge() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(ok, "replicas did not converge on every acknowledged record");
+    // Sealing is deterministic: once the seals in flight land, the three
+    // replicas of every tablet hold the same segment files, byte for byte,
+    // the restarted node's included.
+    let mut same = false;
+    let mut sealed = 0;
+    for _ in 0..100 {
+        same = (1..=4u64).all(|t| {
+            let a = cell.segment_files(1, t);
+            a == cell.segment_files(2, t) && a == cell.segment_files(3, t)
+        });
+        sealed = (1..=4u64).map(|t| cell.segment_files(1, t).len()).sum();
+        if same {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(same, "replicas hold different segment files");
+    assert!(sealed > 0, "the test wrote enough to seal at least once");
 
     // Bounded-staleness reads on a follower: fresh while the leader talks to
     // it, `TooStale` once the leader has been silent longer than asked.
