@@ -483,7 +483,7 @@ mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
 
     use super::*;
-    use crate::segment::{Row, SegmentHeader, WriteOptions, encode, file_name, segment_id};
+    use crate::segment::file_name;
 
     /// What the fake peer does to its answers.
     #[derive(Clone, Copy, PartialEq)]
@@ -532,33 +532,17 @@ mod tests {
     }
 
     fn sample() -> (String, Vec<u8>) {
-        let header = SegmentHeader {
-            tablet: 7,
-            vshard_lo: 0,
-            vshard_hi: 1 << 32,
-            log_first: 1,
-            log_last: 30,
-        };
-        let rows: Vec<Row> = (0..30u64)
-            .map(|i| Row {
-                namespace: "a/b".into(),
-                key: format!("k{i:03}").into_bytes(),
-                ts: i,
-                index: i + 1,
-                slot: 0,
-                // Incompressible, so the file spans several 1,000-byte chunks.
-                value: (0..200u64)
-                    .scan(i + 1, |x, _| {
-                        *x ^= *x << 13;
-                        *x ^= *x >> 7;
-                        *x ^= *x << 17;
-                        Some(*x as u8)
-                    })
-                    .collect(),
-            })
-            .collect();
-        let bytes = encode(&header, &rows, &WriteOptions::default()).unwrap();
-        (segment_id(&bytes), bytes)
+        // Incompressible values, so the file spans several 1,000-byte chunks.
+        crate::segment::sample_segment(30, |i| {
+            (0..200u64)
+                .scan(i + 1, |x, _| {
+                    *x ^= *x << 13;
+                    *x ^= *x >> 7;
+                    *x ^= *x << 17;
+                    Some(*x as u8)
+                })
+                .collect()
+        })
     }
 
     fn files(dir: &Path) -> Vec<String> {

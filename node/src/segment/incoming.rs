@@ -221,28 +221,9 @@ impl Drop for Incoming {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::segment::{Row, SegmentHeader, WriteOptions, encode, segment_id};
 
     fn sample() -> (String, Vec<u8>) {
-        let header = SegmentHeader {
-            tablet: 1,
-            vshard_lo: 0,
-            vshard_hi: 1 << 32,
-            log_first: 1,
-            log_last: 40,
-        };
-        let rows: Vec<Row> = (0..40u64)
-            .map(|i| Row {
-                namespace: "a/b".into(),
-                key: format!("k{i:03}").into_bytes(),
-                ts: i,
-                index: i + 1,
-                slot: 0,
-                value: vec![i as u8; 300],
-            })
-            .collect();
-        let bytes = encode(&header, &rows, &WriteOptions::default()).unwrap();
-        (segment_id(&bytes), bytes)
+        crate::segment::sample_segment(40, |i| vec![i as u8; 300])
     }
 
     fn names(dir: &Path) -> Vec<String> {

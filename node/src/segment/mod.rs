@@ -176,3 +176,29 @@ pub fn write(
         log_last: header.log_last,
     })
 }
+
+/// A valid segment of `rows` rows of tablet 1 (namespace `a/b`, keys
+/// `k000`..), each value given by `value(i)`, with its id: for tests that
+/// move or damage whole segment files.
+#[cfg(test)]
+pub(crate) fn sample_segment(rows: u64, value: impl Fn(u64) -> Vec<u8>) -> (String, Vec<u8>) {
+    let header = SegmentHeader {
+        tablet: 1,
+        vshard_lo: 0,
+        vshard_hi: 1 << 32,
+        log_first: 1,
+        log_last: rows,
+    };
+    let rows: Vec<Row> = (0..rows)
+        .map(|i| Row {
+            namespace: "a/b".into(),
+            key: format!("k{i:03}").into_bytes(),
+            ts: i,
+            index: i + 1,
+            slot: 0,
+            value: value(i),
+        })
+        .collect();
+    let bytes = encode(&header, &rows, &WriteOptions::default()).expect("sample segment");
+    (segment_id(&bytes), bytes)
+}
