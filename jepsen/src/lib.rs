@@ -1,4 +1,8 @@
 //! Fault injection against real `stele` processes and history checking.
 //!
-//! Nothing is built here yet (see the jepsen issue). Nothing may depend on
-//! this crate.
+//! Built so far: the history format ([`history`]) and the list-append
+//! checker ([`checker::list_append`]). The runner, nemeses and workloads
+//! come with the jepsen issue; nothing else may depend on this crate.
+
+pub mod checker;
+pub mod history;
