@@ -3,7 +3,10 @@
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["proto/stele/v1/data.proto"];
+    let files = [
+        "proto/stele/v1/data.proto",
+        "proto/stele/v1/controller.proto",
+    ];
     for file in files {
         println!("cargo:rerun-if-changed={file}");
     }

@@ -3,6 +3,7 @@
 //! This file only wires arguments to the crates; behaviour lives in
 //! `stele-node` (the server) and `stele-client` (everything that talks to one).
 
+mod cellops;
 mod dev_cell;
 mod ops;
 
@@ -31,8 +32,17 @@ struct Cli {
 enum Command {
     /// Run a single-node cell on embedded defaults (plaintext, loopback).
     Dev(DevArgs),
-    /// Run a storage node.
+    /// Run a storage node, a controller, or both (`--roles`).
     Server(ServerArgs),
+    /// Create and inspect a controller-managed cell.
+    #[command(subcommand)]
+    Cell(cellops::CellCommand),
+    /// Storage nodes of a cell: list, drain, decommission.
+    #[command(subcommand, name = "node")]
+    NodeCmd(cellops::NodeCommand),
+    /// Tablets of a cell: list, show, move, transfer leadership.
+    #[command(subcommand)]
+    Tablet(cellops::TabletCommand),
     /// Append one record.
     Append(ops::AppendArgs),
     /// Read records of a key or a namespace.
@@ -85,8 +95,35 @@ struct DevArgs {
 
 #[derive(clap::Args)]
 struct ServerArgs {
-    #[arg(long)]
+    /// `node`, `controller`, or both (`node,controller`).
+    #[arg(long, value_delimiter = ',', default_value = "node")]
+    roles: Vec<String>,
+    /// Node id (node role).
+    #[arg(long, default_value_t = 0)]
     node_id: u64,
+    /// Controller id (controller role); its quorum member id.
+    #[arg(long, default_value_t = 0)]
+    controller_id: u64,
+    /// The cell's controllers (node role): `URL,...`. With it, the node
+    /// registers with the controller and hosts what it assigns.
+    #[arg(long, value_delimiter = ',')]
+    controllers: Vec<String>,
+    /// Failure domain labels and relative capacity (node role).
+    #[arg(long, default_value = "")]
+    zone: String,
+    #[arg(long, default_value = "")]
+    rack: String,
+    #[arg(long, default_value_t = 1)]
+    capacity: u32,
+    /// Node heartbeat (health lease renewal) period, ms.
+    #[arg(long, default_value_t = 1000)]
+    heartbeat_ms: u64,
+    /// Controller: a node missing heartbeats this long is dead, ms.
+    #[arg(long, default_value_t = 10_000)]
+    lease_ms: u64,
+    /// Controller: a dead node's replicas move away after this much more, ms.
+    #[arg(long, default_value_t = 60_000)]
+    repair_grace_ms: u64,
     #[arg(long)]
     listen: SocketAddr,
     #[arg(long)]
@@ -209,6 +246,25 @@ fn node_options(
     o
 }
 
+/// The controller side of a process, and the node's link to controllers.
+struct ControlRoles {
+    controller: Option<stele_controller::ControllerOptions>,
+    /// The node registers with these controllers (node role).
+    agent: Option<stele_node::agent::AgentOptions>,
+    /// Run a node at all.
+    node: bool,
+}
+
+impl ControlRoles {
+    fn node_only() -> ControlRoles {
+        ControlRoles {
+            controller: None,
+            agent: None,
+            node: true,
+        }
+    }
+}
+
 /// Node-to-node settings of a multi-node cell.
 struct Peering {
     listen: SocketAddr,
@@ -221,17 +277,55 @@ async fn run_server(
     listen: SocketAddr,
     label: &str,
     peering: Option<Peering>,
+    roles: ControlRoles,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("bind {listen}"))?;
     let addr = listener.local_addr()?;
+    let cancel = CancellationToken::new();
+    let mut routes = tonic::service::Routes::default();
+    let controller = match roles.controller {
+        Some(mut co) => {
+            if co.advertise.is_empty() {
+                co.advertise = format!("http://{addr}");
+            }
+            let c = stele_controller::Controller::start(co)
+                .await
+                .context("start controller")?;
+            let (api, quorum) = c.services();
+            routes = routes.add_service(api).add_service(quorum);
+            Some(c)
+        }
+        None => None,
+    };
+    if !roles.node {
+        let server = tokio::spawn(stele_node::service::serve_with(
+            None,
+            routes,
+            listener,
+            cancel.clone(),
+        ));
+        println!("stele {label}: controller listening on http://{addr}");
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+            r = server => { r??; }
+        }
+        cancel.cancel();
+        if let Some(c) = controller {
+            c.shutdown().await;
+        }
+        return Ok(());
+    }
     let mut options = options;
     options.advertise = format!("http://{addr}");
     let data_dir = options.data_dir.clone();
     let tablets = options.initial_tablets;
-    let cancel = CancellationToken::new();
     let mut filter_watch = None;
+    let mut set_peer: Option<stele_node::agent::SetPeer> = None;
+    let peer_listen = peering.as_ref().map(|p| p.listen);
     let node: Arc<Node> = match peering {
         None => Node::open(options).await.context("open node")?,
         Some(p) => {
@@ -256,6 +350,8 @@ async fn run_server(
                 transport.set_peer(*id, *peer);
             }
             let transport = Arc::new(transport);
+            let t = transport.clone();
+            set_peer = Some(Arc::new(move |id, addr| t.set_peer(id, addr)));
             // Fault injection for partition tests: a file of node ids to
             // cut off, reread while the process runs (docs/OPERATIONS.md).
             let filter = options.peer_filter.clone();
@@ -276,21 +372,34 @@ async fn run_server(
             node
         }
     };
-    node.wait_ready(Duration::from_secs(60))
-        .await
-        .context("tablets not ready")?;
-    let server = tokio::spawn(stele_node::service::serve_on(
-        node.clone(),
+    let agent = match roles.agent {
+        Some(mut ao) => {
+            ao.client_endpoint = format!("http://{addr}");
+            if ao.peer_endpoint.is_empty() {
+                ao.peer_endpoint = peer_listen.map(|a| a.to_string()).unwrap_or_default();
+            }
+            let agent = stele_node::agent::Agent::new(node.clone(), ao, set_peer);
+            Some(tokio::spawn(agent.run()))
+        }
+        None => {
+            node.wait_ready(Duration::from_secs(60))
+                .await
+                .context("tablets not ready")?;
+            None
+        }
+    };
+    let server = tokio::spawn(stele_node::service::serve_with(
+        Some(node.clone()),
+        routes,
         listener,
         cancel.clone(),
     ));
     println!(
         "stele {label}: listening on http://{addr} (data dir {}, {} tablets, replayed {} journal frames)",
         data_dir.display(),
-        node.replicas
-            .len()
+        node.replica_count()
             .max(tablets as usize)
-            .min(node.replicas.len()),
+            .min(node.replica_count()),
         node.stats
             .replayed_frames
             .load(std::sync::atomic::Ordering::Relaxed),
@@ -306,6 +415,12 @@ async fn run_server(
         let _ = watch.await;
     }
     node.shutdown().await;
+    if let Some(a) = agent {
+        let _ = a.await;
+    }
+    if let Some(c) = controller {
+        c.shutdown().await;
+    }
     Ok(())
 }
 
@@ -348,11 +463,75 @@ fn run() -> anyhow::Result<()> {
                     return dev_cell::run(&a.data_dir, a.listen, a.nodes, flags).await;
                 }
                 let o = node_options(a.data_dir, 1, a.tablets, String::new(), &a.tuning);
-                run_server(o, a.listen, "dev", None).await
+                run_server(o, a.listen, "dev", None, ControlRoles::node_only()).await
             }
             Command::Server(a) => {
-                let mut o =
-                    node_options(a.data_dir, a.node_id, a.tablets, String::new(), &a.tuning);
+                let is_node = a.roles.iter().any(|r| r == "node");
+                let is_controller = a.roles.iter().any(|r| r == "controller");
+                if let Some(bad) = a.roles.iter().find(|r| *r != "node" && *r != "controller") {
+                    anyhow::bail!("unknown role {bad:?}: want node, controller or both");
+                }
+                let controller = if is_controller {
+                    anyhow::ensure!(
+                        a.controller_id > 0,
+                        "the controller role needs --controller-id"
+                    );
+                    let mut co = stele_controller::ControllerOptions::new(
+                        a.controller_id,
+                        a.data_dir.clone(),
+                        String::new(),
+                    );
+                    co.lease = Duration::from_millis(a.lease_ms);
+                    co.repair_grace = Duration::from_millis(a.repair_grace_ms);
+                    Some(co)
+                } else {
+                    None
+                };
+                let controlled = !a.controllers.is_empty();
+                let agent = controlled.then(|| stele_node::agent::AgentOptions {
+                    controllers: a.controllers.clone(),
+                    client_endpoint: String::new(),
+                    peer_endpoint: String::new(),
+                    zone: a.zone.clone(),
+                    rack: a.rack.clone(),
+                    capacity: a.capacity,
+                    interval: Duration::from_millis(a.heartbeat_ms),
+                    catch_up: Duration::from_secs(60),
+                });
+                let roles = ControlRoles {
+                    controller,
+                    agent,
+                    node: is_node,
+                };
+                let node_dir = if is_controller && is_node {
+                    a.data_dir.join("node")
+                } else {
+                    a.data_dir.clone()
+                };
+                let mut o = node_options(node_dir, a.node_id, a.tablets, String::new(), &a.tuning);
+                o.controlled = controlled;
+                if controlled {
+                    let listen = a.peer_listen.context("--controllers needs --peer-listen")?;
+                    let certs = a
+                        .certs
+                        .clone()
+                        .context("--controllers needs --certs (see `stele cert`)")?;
+                    return run_server(
+                        o,
+                        a.listen,
+                        "server",
+                        Some(Peering {
+                            listen,
+                            peers: Vec::new(),
+                            certs,
+                        }),
+                        roles,
+                    )
+                    .await;
+                }
+                if !is_node {
+                    return run_server(o, a.listen, "controller", None, roles).await;
+                }
                 let peering = if a.peers.is_empty() {
                     None
                 } else {
@@ -379,7 +558,7 @@ fn run() -> anyhow::Result<()> {
                         certs,
                     })
                 };
-                run_server(o, a.listen, "server", peering).await
+                run_server(o, a.listen, "server", peering, roles).await
             }
             Command::Cert(CertCommand::Init { out }) => {
                 stele_node::certs::init_ca(&out)
@@ -397,6 +576,9 @@ fn run() -> anyhow::Result<()> {
             Command::Scan(a) => ops::run_scan(a).await,
             Command::Bench(a) => ops::run_bench(a).await,
             Command::Status(a) => ops::run_status(a).await,
+            Command::Cell(c) => cellops::run_cell(c).await,
+            Command::NodeCmd(c) => cellops::run_node(c).await,
+            Command::Tablet(c) => cellops::run_tablet(c).await,
         }
     })
 }

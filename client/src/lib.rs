@@ -17,6 +17,7 @@
 //! **Architecture invariant:** this crate depends on no workspace crate but
 //! `stele-proto`.
 
+pub mod admin;
 pub mod batcher;
 pub mod error;
 #[cfg(feature = "fake")]
@@ -210,6 +211,10 @@ pub struct Client {
 
 struct Inner {
     seed: String,
+    /// The cell's controllers, when routes come from them.
+    admin: Option<admin::Admin>,
+    /// Route map generation of the last controller refresh.
+    route_generation: std::sync::atomic::AtomicU64,
     opts: ClientOptions,
     routes: RwLock<RouteTable>,
     channels: Mutex<HashMap<String, Channel>>,
@@ -230,6 +235,8 @@ impl Client {
         let client = Client {
             inner: Arc::new(Inner {
                 seed: endpoint.to_string(),
+                admin: None,
+                route_generation: Default::default(),
                 opts,
                 routes: RwLock::new(RouteTable::new()),
                 channels: Mutex::new(HashMap::new()),
@@ -237,6 +244,31 @@ impl Client {
         };
         client.refresh_routes().await?;
         Ok(client)
+    }
+
+    /// Connects to a controller-managed cell: routes come from the
+    /// controllers' route map (`GetRoutes`, deltas by generation), and the
+    /// data path goes straight to tablet leaders; the controllers are asked
+    /// again only when the cache is found stale.
+    pub async fn connect_cell(controllers: &[String], opts: ClientOptions) -> Result<Client> {
+        let admin = admin::Admin::new(controllers.to_vec())?;
+        let client = Client {
+            inner: Arc::new(Inner {
+                seed: String::new(),
+                admin: Some(admin),
+                route_generation: Default::default(),
+                opts,
+                routes: RwLock::new(RouteTable::new()),
+                channels: Mutex::new(HashMap::new()),
+            }),
+        };
+        client.refresh_routes().await?;
+        Ok(client)
+    }
+
+    /// The controllers of the cell, when connected through them.
+    pub fn admin(&self) -> Option<&admin::Admin> {
+        self.inner.admin.as_ref()
     }
 
     pub fn options(&self) -> &ClientOptions {
@@ -263,8 +295,39 @@ impl Client {
             .map(|r| r.tablet)
     }
 
-    /// Reloads routes from the seed node's `ListTablets`.
+    /// Reloads routes: from the controllers' route map (a delta since the
+    /// cached generation, or the whole map when a route lacks its leader),
+    /// else from the seed node's `ListTablets`.
     pub async fn refresh_routes(&self) -> Result<()> {
+        if let Some(admin) = &self.inner.admin {
+            use std::sync::atomic::Ordering;
+            let complete = {
+                let routes = self.inner.routes.read().expect("routes lock");
+                !routes.is_empty() && routes.routes().all(|r| !r.leader_endpoint.is_empty())
+            };
+            let since = if complete {
+                self.inner.route_generation.load(Ordering::Relaxed)
+            } else {
+                0
+            };
+            let resp = admin
+                .call(|mut c| async move {
+                    c.get_routes(pb::GetRoutesRequest {
+                        since_generation: since,
+                    })
+                    .await
+                })
+                .await?;
+            let mut routes = self.inner.routes.write().expect("routes lock");
+            for id in &resp.removed {
+                routes.remove(*id);
+            }
+            routes.merge(&resp.tablets);
+            self.inner
+                .route_generation
+                .fetch_max(resp.generation, Ordering::Relaxed);
+            return Ok(());
+        }
         let tablets = self.list_tablets_at(&self.inner.seed).await?;
         self.inner
             .routes
@@ -826,6 +889,14 @@ impl Client {
 
     /// The data client of an endpoint, reusing its channel.
     fn data(&self, endpoint: &str) -> Result<DataClient<Channel>> {
+        if endpoint.is_empty() {
+            // A controller-routed client with no leader known for the
+            // tablet yet (an election): retried after a route refresh.
+            return Err(stele_proto::Error::Unavailable {
+                reason: "no leader known for the tablet yet".into(),
+            }
+            .into());
+        }
         let mut channels = self.inner.channels.lock().expect("channels lock");
         if let Some(ch) = channels.get(endpoint) {
             return Ok(DataClient::new(ch.clone()).max_decoding_message_size(DECODE_BYTES_MAX));

@@ -24,6 +24,8 @@ const META: TableDefinition<&str, u32> = TableDefinition::new("meta");
 const TABLETS: TableDefinition<u64, &[u8]> = TableDefinition::new("tablets");
 const RAFT: TableDefinition<(u64, &str), &[u8]> = TableDefinition::new("raft");
 const RECEIPTS: TableDefinition<(u64, &[u8]), &[u8]> = TableDefinition::new("receipts");
+/// Replica ids removed from this node (moved away): never served again.
+const TOMBSTONES: TableDefinition<u64, u64> = TableDefinition::new("tombstones");
 
 /// Catalog format version. Startup refuses any other.
 pub const CATALOG_FORMAT: u32 = 1;
@@ -225,6 +227,42 @@ impl Catalog {
                 .map_err(|e| err(e.into()))?;
         }
         txn.commit().map_err(|e| err(e.into()))
+    }
+
+    /// Deletes everything the catalog holds for a tablet replica (record,
+    /// Raft values, receipts) and tombstones its replica id, in one
+    /// durable transaction.
+    pub fn remove_tablet(&self, tablet: u64, replica_id: u64) -> Result<()> {
+        let err = self.err();
+        let txn = self.db.begin_write().map_err(|e| err(e.into()))?;
+        {
+            let mut tablets = txn.open_table(TABLETS).map_err(|e| err(e.into()))?;
+            tablets.remove(tablet).map_err(|e| err(e.into()))?;
+            let mut raft = txn.open_table(RAFT).map_err(|e| err(e.into()))?;
+            raft.retain_in((tablet, "")..(tablet + 1, ""), |_, _| false)
+                .map_err(|e| err(e.into()))?;
+            let mut receipts = txn.open_table(RECEIPTS).map_err(|e| err(e.into()))?;
+            let lo: (u64, &[u8]) = (tablet, &[]);
+            let hi: (u64, &[u8]) = (tablet + 1, &[]);
+            receipts
+                .retain_in(lo..hi, |_, _| false)
+                .map_err(|e| err(e.into()))?;
+            let mut tomb = txn.open_table(TOMBSTONES).map_err(|e| err(e.into()))?;
+            tomb.insert(replica_id, tablet).map_err(|e| err(e.into()))?;
+        }
+        txn.commit().map_err(|e| err(e.into()))
+    }
+
+    /// Whether `replica_id` was removed from this node.
+    pub fn is_tombstoned(&self, replica_id: u64) -> Result<bool> {
+        let err = self.err();
+        let txn = self.db.begin_read().map_err(|e| err(e.into()))?;
+        let table = match txn.open_table(TOMBSTONES) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(false),
+            Err(e) => return Err(err(e.into())),
+        };
+        Ok(table.get(replica_id).map_err(|e| err(e.into()))?.is_some())
     }
 
     pub fn get_raft(&self, tablet: u64, name: &str) -> Result<Option<Vec<u8>>> {

@@ -2,6 +2,7 @@
 //!
 //! See docs/ARCHITECTURE.md for the picture.
 
+pub mod agent;
 pub mod catalog;
 pub mod certs;
 pub mod error;

@@ -64,6 +64,10 @@ pub struct NodeOptions {
     /// Nodes whose Raft traffic this node drops (fault injection; empty
     /// unless a test or `STELE_PEER_BLOCK_FILE` sets it).
     pub peer_filter: Arc<crate::peering::PeerFilter>,
+    /// The cell controller decides which replicas this node hosts
+    /// ([`crate::agent`]): no tablets are created at start-up, and
+    /// `initial_tablets`/`cell_nodes` are unused.
+    pub controlled: bool,
 }
 
 impl NodeOptions {
@@ -86,11 +90,15 @@ impl NodeOptions {
             batch_bytes_max: stele_proto::limits::BATCH_BYTES_MAX_DEFAULT,
             batch_records_max: stele_proto::limits::BATCH_RECORDS_MAX_DEFAULT,
             peer_filter: Default::default(),
+            controlled: false,
         }
     }
 
     pub fn validate(&self) -> Result<()> {
-        if !self.cell_nodes.contains(&self.node_id) {
+        if self.node_id == 0 || self.node_id >= 1 << router::NODE_BITS {
+            return Err(Error::Config("node ids must be 1..65535".into()));
+        }
+        if !self.controlled && !self.cell_nodes.contains(&self.node_id) {
             return Err(Error::Config(format!(
                 "cell_nodes {:?} must include this node ({})",
                 self.cell_nodes, self.node_id
@@ -159,6 +167,30 @@ pub struct NodeStats {
     pub segments_fetched: AtomicU64,
 }
 
+/// Starts the openraft instance of one replica: (group, replica id, log,
+/// state machine). Hides whether the node has peers.
+type RaftFactory = Arc<
+    dyn Fn(
+            u64,
+            u64,
+            LogStore,
+            StateMachine,
+        )
+            -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<TabletRaft>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// A replica the controller asks this node to host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaSpec {
+    pub tablet: u64,
+    pub replica_id: u64,
+    pub vshard_lo: u32,
+    pub vshard_hi: u64,
+    pub range_generation: u64,
+}
+
 /// The future of one segment fetch: the published file's path.
 type FetchFuture<'a> = std::pin::Pin<
     Box<dyn std::future::Future<Output = std::result::Result<PathBuf, String>> + Send + 'a>,
@@ -197,8 +229,14 @@ pub struct Node {
     pub options: NodeOptions,
     pub journal: Journal,
     pub catalog: Catalog,
-    /// Tablets by id.
-    pub replicas: BTreeMap<u64, Arc<Replica>>,
+    /// Replicas by tablet id (one replica of a tablet per node).
+    replicas: std::sync::RwLock<BTreeMap<u64, Arc<Replica>>>,
+    raft_factory: RaftFactory,
+    seal_tx: mpsc::UnboundedSender<(Arc<Tablet>, u64)>,
+    /// Client endpoints of other nodes learned from the controller.
+    learned_endpoints: std::sync::RwLock<BTreeMap<u64, String>>,
+    /// Serializes replica creation and removal.
+    lifecycle: tokio::sync::Mutex<()>,
     pub stats: NodeStats,
     pub pacer_stats: crate::raft::pacer::PacerStats,
     cancel: CancellationToken,
@@ -270,6 +308,32 @@ impl Node {
         let source: Option<Arc<dyn SegmentSource>> =
             peers.clone().map(|p| Arc::new(p) as Arc<dyn SegmentSource>);
         let router = peers.map(Router::new);
+        let config = tablet_config(&options.raft)?;
+        let raft_factory: RaftFactory = match router {
+            Some(router) => {
+                let config = config.clone();
+                Arc::new(move |group, id, log, sm| {
+                    let net = GroupNetwork::new(&router, group);
+                    let config = config.clone();
+                    Box::pin(async move {
+                        TabletRaft::new(id, config, net, log, sm)
+                            .await
+                            .map_err(|e| Error::Config(format!("tablet {group} raft: {e}")))
+                    })
+                })
+            }
+            None => {
+                let config = config.clone();
+                Arc::new(move |group, id, log, sm| {
+                    let config = config.clone();
+                    Box::pin(async move {
+                        TabletRaft::new(id, config, NoPeers, log, sm)
+                            .await
+                            .map_err(|e| Error::Config(format!("tablet {group} raft: {e}")))
+                    })
+                })
+            }
+        };
         let first_node = options
             .cell_nodes
             .iter()
@@ -284,14 +348,13 @@ impl Node {
             tracing::warn!(file = %file.display(), offset, "journal: torn final frame truncated");
         }
         let mut records = catalog.tablets()?;
-        if records.is_empty() {
+        if records.is_empty() && !options.controlled {
             records = bootstrap(&catalog, options.initial_tablets, options.node_id)?;
         }
         let mut by_tablet: HashMap<u64, Vec<&RecoveredFrame>> = HashMap::new();
         for f in &recovery.frames {
             by_tablet.entry(f.tablet).or_default().push(f);
         }
-        let config = tablet_config(&options.raft)?;
         let (seal_tx, seal_rx) = mpsc::unbounded_channel();
         let stats = NodeStats::default();
         let mut replicas = BTreeMap::new();
@@ -317,17 +380,11 @@ impl Node {
             let replica_id = record.replica_id;
             let fresh = record.checkpoint == 0 && log.is_empty();
             let sm = StateMachine::new(tablet.clone(), seal_tx.clone());
-            let raft = match &router {
-                Some(router) => {
-                    let net = GroupNetwork::new(router, record.id);
-                    TabletRaft::new(replica_id, config.clone(), net, log.clone(), sm).await
-                }
-                None => TabletRaft::new(replica_id, config.clone(), NoPeers, log.clone(), sm).await,
-            }
-            .map_err(|e| Error::Config(format!("tablet {} raft: {e}", record.id)))?;
+            let raft = raft_factory(record.id, replica_id, log.clone(), sm).await?;
             // Exactly one replica initializes a new group: the one on the
-            // lowest node id of the cell.
-            if fresh && options.node_id == first_node {
+            // lowest node id of the cell (static cells; the controller
+            // names the initializer of its tablets).
+            if fresh && !options.controlled && options.node_id == first_node {
                 let members: BTreeMap<u64, BasicNode> = options
                     .cell_nodes
                     .iter()
@@ -371,7 +428,11 @@ impl Node {
             options,
             journal,
             catalog,
-            replicas,
+            replicas: std::sync::RwLock::new(replicas),
+            raft_factory,
+            seal_tx,
+            learned_endpoints: Default::default(),
+            lifecycle: Default::default(),
             stats,
             pacer_stats: Default::default(),
             cancel: CancellationToken::new(),
@@ -393,13 +454,163 @@ impl Node {
         self.cancel.cancelled().await
     }
 
-    pub fn replica(&self, tablet: u64) -> Option<&Arc<Replica>> {
-        self.replicas.get(&tablet)
+    pub fn replica(&self, tablet: u64) -> Option<Arc<Replica>> {
+        self.replicas
+            .read()
+            .expect("lock poisoned")
+            .get(&tablet)
+            .cloned()
+    }
+
+    /// Every hosted replica, by tablet id (a snapshot of the map).
+    pub fn replicas(&self) -> Vec<Arc<Replica>> {
+        self.replicas
+            .read()
+            .expect("lock poisoned")
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    pub fn replica_count(&self) -> usize {
+        self.replicas.read().expect("lock poisoned").len()
     }
 
     /// The replica whose range holds `vshard`.
-    pub fn replica_for(&self, vshard: u32) -> Option<&Arc<Replica>> {
-        self.replicas.values().find(|r| r.tablet.contains(vshard))
+    pub fn replica_for(&self, vshard: u32) -> Option<Arc<Replica>> {
+        self.replicas
+            .read()
+            .expect("lock poisoned")
+            .values()
+            .find(|r| r.tablet.contains(vshard))
+            .cloned()
+    }
+
+    /// Creates (or finds) the replica the controller assigned to this node.
+    /// With `initialize`, a new, empty replica creates its Raft group with
+    /// these voter replica ids; every other replica waits to hear from a
+    /// leader. A tombstoned replica id is refused: ids are never reused.
+    pub async fn create_replica(
+        &self,
+        spec: &ReplicaSpec,
+        initialize: Option<&[u64]>,
+    ) -> Result<Arc<Replica>> {
+        let _guard = self.lifecycle.lock().await;
+        if let Some(r) = self.replica(spec.tablet) {
+            if r.replica_id != spec.replica_id {
+                return Err(Error::Config(format!(
+                    "tablet {} already has replica {} here, not {}",
+                    spec.tablet, r.replica_id, spec.replica_id
+                )));
+            }
+            return Ok(r);
+        }
+        if self.catalog.is_tombstoned(spec.replica_id)? {
+            return Err(Error::Config(format!(
+                "replica {} of tablet {} was removed from this node; ids are never reused",
+                spec.replica_id, spec.tablet
+            )));
+        }
+        if router::node_of(spec.replica_id) != self.options.node_id {
+            return Err(Error::Config(format!(
+                "replica {} belongs to node {}, not {}",
+                spec.replica_id,
+                router::node_of(spec.replica_id),
+                self.options.node_id
+            )));
+        }
+        let record = TabletRecord {
+            v: 1,
+            id: spec.tablet,
+            vshard_lo: spec.vshard_lo,
+            vshard_hi: spec.vshard_hi,
+            generation: spec.range_generation,
+            checkpoint: 0,
+            applied_state: Vec::new(),
+            segments: Vec::new(),
+            replica_id: spec.replica_id,
+        };
+        let dir = self
+            .options
+            .data_dir
+            .join("segments")
+            .join(spec.tablet.to_string());
+        // Files of an earlier replica of the tablet here are not ours.
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)
+                .map_err(|e| Error::io(format!("remove {}", dir.display()), e))?;
+        }
+        let log = LogStore::create(spec.tablet, self.journal.clone(), self.catalog.clone()).await?;
+        self.catalog.put_tablet(&record)?;
+        let tablet = Tablet::open(
+            &record,
+            dir,
+            self.catalog.clone(),
+            self.options.tablet.clone(),
+        )?;
+        let sm = StateMachine::new(tablet.clone(), self.seal_tx.clone());
+        let raft = (self.raft_factory)(spec.tablet, spec.replica_id, log.clone(), sm).await?;
+        if let Some(voters) = initialize {
+            let members: BTreeMap<u64, BasicNode> =
+                voters.iter().map(|r| (*r, BasicNode::default())).collect();
+            raft.initialize(members)
+                .await
+                .map_err(|e| Error::Config(format!("initialize tablet {}: {e}", spec.tablet)))?;
+            let _ = raft.trigger().elect(true).await;
+        }
+        let replica = Arc::new(Replica {
+            tablet,
+            raft,
+            replica_id: spec.replica_id,
+            log,
+            contact: Default::default(),
+        });
+        self.replicas
+            .write()
+            .expect("lock poisoned")
+            .insert(spec.tablet, replica.clone());
+        tracing::info!(
+            tablet = spec.tablet,
+            replica = spec.replica_id,
+            initialize = initialize.is_some(),
+            "replica created"
+        );
+        Ok(replica)
+    }
+
+    /// Removes a replica that was moved away: stops its Raft group, deletes
+    /// its catalog rows and segment files, and tombstones its id. Nothing
+    /// when this node does not hold that replica.
+    pub async fn remove_replica(&self, tablet: u64, replica_id: u64) -> Result<bool> {
+        let _guard = self.lifecycle.lock().await;
+        let Some(r) = self.replica(tablet) else {
+            return Ok(false);
+        };
+        if r.replica_id != replica_id {
+            return Ok(false);
+        }
+        self.replicas
+            .write()
+            .expect("lock poisoned")
+            .remove(&tablet);
+        let _ = r.raft.shutdown().await;
+        self.catalog.remove_tablet(tablet, replica_id)?;
+        self.journal.forget_tablet(tablet);
+        let dir = &r.tablet.segment_dir;
+        if dir.exists() {
+            std::fs::remove_dir_all(dir)
+                .map_err(|e| Error::io(format!("remove {}", dir.display()), e))?;
+        }
+        tracing::info!(tablet, replica = replica_id, "replica removed");
+        Ok(true)
+    }
+
+    /// Records the client endpoints of other nodes (from the controller).
+    pub fn learn_endpoints(&self, endpoints: impl IntoIterator<Item = (u64, String)>) {
+        let mut map = self.learned_endpoints.write().expect("lock poisoned");
+        for (node, ep) in endpoints {
+            map.insert(node, ep);
+        }
     }
 
     /// Lets status report the transport's counters.
@@ -417,8 +628,12 @@ impl Node {
         if node == self.options.node_id {
             return self.options.advertise.clone();
         }
-        self.options
-            .peer_endpoints
+        if let Some(ep) = self.options.peer_endpoints.get(&node) {
+            return ep.clone();
+        }
+        self.learned_endpoints
+            .read()
+            .expect("lock poisoned")
             .get(&node)
             .cloned()
             .unwrap_or_default()
@@ -457,7 +672,7 @@ impl Node {
         if let Ok(router::RaftRpc::Snapshot { vote, data, .. }) = rpc {
             // A snapshot names segments; fetch the ones this replica lacks
             // from the leader that sent it before openraft installs it.
-            self.fetch_missing_segments(r, vote.leader_id.node_id, &data)
+            self.fetch_missing_segments(&r, vote.leader_id.node_id, &data)
                 .await?;
         }
         Ok(router::dispatch(&r.raft, &r.tablet.segment_dir, body).await)
@@ -510,7 +725,7 @@ impl Node {
 
     /// Waits until every tablet has a leader and has applied its log.
     pub async fn wait_ready(&self, timeout: Duration) -> Result<()> {
-        for r in self.replicas.values() {
+        for r in self.replicas() {
             r.raft
                 .wait(Some(timeout))
                 .metrics(
@@ -554,7 +769,7 @@ impl Node {
                 let _ = t.await;
             }
         }
-        for r in self.replicas.values() {
+        for r in self.replicas() {
             let _ = r.raft.shutdown().await;
         }
         self.journal.shutdown();
@@ -627,7 +842,7 @@ async fn seal_worker(node: Arc<Node>, mut rx: mpsc::UnboundedReceiver<(Arc<Table
         let result = tokio::task::spawn_blocking(move || seal::run_seal(&t, seal_index)).await;
         match result {
             Ok(Ok(Some(checkpoint))) => {
-                if let Some(r) = node.replica(tablet.id).cloned() {
+                if let Some(r) = node.replica(tablet.id) {
                     let cancel = node.cancel.clone();
                     let task = tokio::spawn(async move {
                         tokio::select! {
@@ -680,7 +895,7 @@ async fn policy_loop(node: Arc<Node>) {
         let now = now_us();
         let mut sizes = Vec::new();
         let mut total = 0usize;
-        for r in node.replicas.values() {
+        for r in node.replicas() {
             let data = r.tablet.read();
             // One seal in flight per tablet: a frozen memtable is pending.
             // An empty memtable has nothing to seal; skipping it before the

@@ -152,7 +152,6 @@ impl DataService {
     fn replica(&self, tablet: u64) -> Result<Arc<Replica>, ApiError> {
         self.node
             .replica(tablet)
-            .cloned()
             .ok_or(ApiError::TabletNotFound { tablet })
     }
 
@@ -363,7 +362,6 @@ impl DataService {
         let v = vshard::vshard(namespace, routing_key.as_deref().unwrap_or(key));
         self.node
             .replica_for(v)
-            .cloned()
             .ok_or(ApiError::Incomplete { missing: vec![] })
     }
 
@@ -441,10 +439,9 @@ impl DataService {
         let (lo, hi) = vshard::namespace_range(&req.namespace);
         let covering: Vec<Arc<Replica>> = self
             .node
-            .replicas
-            .values()
+            .replicas()
+            .into_iter()
             .filter(|r| u64::from(r.tablet.vshard_lo) < hi && r.tablet.vshard_hi > u64::from(lo))
-            .cloned()
             .collect();
         let partial = req.read.as_ref().is_some_and(|r| r.partial);
         let mut missing = Vec::new();
@@ -563,8 +560,8 @@ impl Data for DataService {
     ) -> Result<Response<pb::ListTabletsResponse>, Status> {
         let tablets = self
             .node
-            .replicas
-            .values()
+            .replicas()
+            .iter()
             .map(|r| descriptor(&self.node, r))
             .collect();
         Ok(Response::new(pb::ListTabletsResponse {
@@ -580,7 +577,7 @@ impl Data for DataService {
         let js = self.node.journal.stats();
         let ts = self.node.transport_stats();
         let (mut records, mut sealed, mut snapshots) = (0, 0, 0);
-        for r in self.node.replicas.values() {
+        for r in self.node.replicas() {
             snapshots += r
                 .tablet
                 .stats
@@ -600,7 +597,7 @@ impl Data for DataService {
         Ok(Response::new(pb::StatusResponse {
             node_id: self.node.options.node_id,
             version: env!("CARGO_PKG_VERSION").to_string(),
-            tablets: self.node.replicas.len() as u64,
+            tablets: self.node.replica_count() as u64,
             journal_fsyncs: js.fsyncs,
             journal_frames: js.frames,
             journal_bytes: js.bytes,
@@ -668,23 +665,42 @@ pub async fn serve_on(
     listener: tokio::net::TcpListener,
     cancel: CancellationToken,
 ) -> crate::Result<()> {
+    serve_with(
+        Some(node),
+        tonic::service::Routes::default(),
+        listener,
+        cancel,
+    )
+    .await
+}
+
+/// Serves the data API of `node` (when this process is a node) together
+/// with `extra` services (the controller's, when it is one) on one port.
+pub async fn serve_with(
+    node: Option<Arc<Node>>,
+    extra: tonic::service::Routes,
+    listener: tokio::net::TcpListener,
+    cancel: CancellationToken,
+) -> crate::Result<()> {
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<pb::data_server::DataServer<DataService>>()
-        .await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .map_err(|e| crate::Error::Config(format!("reflection: {e}")))?;
+    let mut routes = extra.add_service(health_service).add_service(reflection);
+    if let Some(node) = node {
+        health_reporter
+            .set_serving::<pb::data_server::DataServer<DataService>>()
+            .await;
+        routes = routes.add_service(
+            pb::data_server::DataServer::new(DataService::new(node))
+                .max_decoding_message_size(64 << 20),
+        );
+    }
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     tonic::transport::Server::builder()
         .timeout(Duration::from_secs(60))
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(
-            pb::data_server::DataServer::new(DataService::new(node))
-                .max_decoding_message_size(64 << 20),
-        )
+        .add_routes(routes)
         .serve_with_incoming_shutdown(incoming, cancel.cancelled())
         .await
         .map_err(|e| crate::Error::Config(format!("gRPC server: {e}")))

@@ -133,6 +133,12 @@ impl LogStore {
                 }
                 FrameKind::Truncate => {
                     idx.entries.split_off(&f.index);
+                    if f.index == 0 {
+                        // The whole log is void: also what an earlier
+                        // replica of the tablet on this node committed
+                        // (a new replica starts with this frame).
+                        idx.committed = None;
+                    }
                 }
                 FrameKind::Commit => {
                     let frame = journal.read(f.location).map_err(crate::Error::from)?;
@@ -155,6 +161,20 @@ impl LogStore {
             },
             stats,
         ))
+    }
+
+    /// A new, empty log for a replica created at run time. Its first frame
+    /// voids whatever the journal still holds of an earlier replica of the
+    /// same tablet on this node, so a restart never replays it.
+    pub async fn create(tablet: u64, journal: Journal, catalog: Catalog) -> Result<LogStore> {
+        let frame = Frame {
+            kind: FrameKind::Truncate,
+            tablet,
+            index: 0,
+            payload: Bytes::new(),
+        };
+        journal.append(vec![frame]).await?;
+        Ok(LogStore::new(tablet, journal, catalog))
     }
 
     /// A new, empty log for a tablet that has none.

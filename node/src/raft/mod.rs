@@ -6,8 +6,10 @@
 //! `node::tablet::state_machine` names an openraft type.
 
 pub mod log_store;
+pub mod membership;
 pub mod network;
 pub mod pacer;
+pub mod quorum;
 pub mod router;
 #[cfg(test)]
 mod suite_test;

@@ -96,7 +96,15 @@ pub async fn run(node: Arc<Node>) {
             next_round_ms = now + hb;
         }
         let mut sent = false;
-        for (id, r) in &node.replicas {
+        let replicas = node.replicas();
+        if timers.len() > replicas.len() {
+            // Replicas removed (moved away) leave no timer behind.
+            let live: std::collections::HashSet<u64> =
+                replicas.iter().map(|r| r.tablet.id).collect();
+            timers.retain(|id, _| live.contains(id));
+        }
+        for r in &replicas {
+            let id = &r.tablet.id;
             let leading = r.is_leader();
             let contact = r.contact.last_ms();
             let timer = timers.entry(*id).or_insert_with(|| Timer {

@@ -1,0 +1,948 @@
+//! A controller process: one member of the cell's controller quorum, its
+//! gRPC services, and (while it leads) the health leases and the scheduler
+//! that places, repairs and finishes intents.
+//!
+//! Health is the leader's soft state: a new leader gives every node a full
+//! lease from the moment it took over before declaring anything dead.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use stele_node::raft::quorum::{Quorum, QuorumError, QuorumService, QuorumTiming};
+use stele_proto::pb;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use crate::placement::{Cluster, NodeInfo, NodeState, PlacementError, TabletInfo};
+use crate::state::{
+    Admin, CellConfig, CellState, Command, IntentKind, IntentRec, IntentState, NodeRec, Reply,
+    TabletRec, from_cbor, to_cbor,
+};
+
+#[derive(Debug, Clone)]
+pub struct ControllerOptions {
+    pub id: u64,
+    pub data_dir: PathBuf,
+    /// This controller's gRPC endpoint as peers and nodes reach it.
+    pub advertise: String,
+    /// A node missing heartbeats this long is declared dead.
+    pub lease: Duration,
+    /// A dead node's replicas are moved away after this much more.
+    pub repair_grace: Duration,
+    /// Scheduler period.
+    pub tick: Duration,
+    /// Most intents open at once (moves in flight).
+    pub max_intents: usize,
+    pub timing: QuorumTiming,
+}
+
+impl ControllerOptions {
+    pub fn new(id: u64, data_dir: PathBuf, advertise: String) -> ControllerOptions {
+        ControllerOptions {
+            id,
+            data_dir,
+            advertise,
+            lease: Duration::from_secs(10),
+            repair_grace: Duration::from_secs(60),
+            tick: Duration::from_millis(500),
+            max_intents: 16,
+            timing: QuorumTiming::default(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Health {
+    /// The term this controller leads in, and since when.
+    leading: Option<(u64, Instant)>,
+    seen: HashMap<u64, Instant>,
+    reports: HashMap<u64, Vec<pb::ReplicaReport>>,
+    dead_since: HashMap<u64, Instant>,
+}
+
+pub struct Controller {
+    pub opts: ControllerOptions,
+    pub quorum: Arc<Quorum<CellState>>,
+    health: Mutex<Health>,
+    cancel: CancellationToken,
+}
+
+fn quorum_status(e: QuorumError) -> Status {
+    match e {
+        QuorumError::NotLeader { leader, endpoint } => stele_proto::Error::NotLeader {
+            leader_node: leader,
+            leader_endpoint: endpoint.unwrap_or_default(),
+        }
+        .into(),
+        QuorumError::Unavailable(reason) => stele_proto::Error::Unavailable { reason }.into(),
+    }
+}
+
+fn refuse(field: &str, reason: impl ToString) -> Status {
+    stele_proto::Error::InvalidArgument {
+        field: field.into(),
+        reason: reason.to_string(),
+    }
+    .into()
+}
+
+fn node_state_name(s: NodeState) -> &'static str {
+    match s {
+        NodeState::Up => "up",
+        NodeState::Suspect => "suspect",
+        NodeState::Dead => "dead",
+        NodeState::Draining => "draining",
+        NodeState::Decommissioned => "decommissioned",
+    }
+}
+
+impl Controller {
+    pub async fn start(opts: ControllerOptions) -> stele_node::Result<Arc<Controller>> {
+        let quorum = Quorum::open(
+            &opts.data_dir.join("controller"),
+            opts.id,
+            CellState::new(),
+            &opts.timing,
+        )
+        .await?;
+        let c = Arc::new(Controller {
+            opts,
+            quorum: Arc::new(quorum),
+            health: Default::default(),
+            cancel: CancellationToken::new(),
+        });
+        tokio::spawn(scheduler(c.clone()));
+        Ok(c)
+    }
+
+    /// The gRPC services to mount: the controller API and quorum peering.
+    pub fn services(
+        self: &Arc<Self>,
+    ) -> (
+        pb::controller_server::ControllerServer<Api>,
+        pb::quorum_server::QuorumServer<QuorumService<CellState>>,
+    ) {
+        (
+            pb::controller_server::ControllerServer::new(Api(self.clone())),
+            pb::quorum_server::QuorumServer::new(QuorumService(self.quorum.clone()))
+                .max_decoding_message_size(256 << 20)
+                .max_encoding_message_size(256 << 20),
+        )
+    }
+
+    pub async fn shutdown(&self) {
+        self.cancel.cancel();
+        self.quorum.shutdown().await;
+    }
+
+    fn not_leader(&self) -> Status {
+        let (leader, endpoint) = match self.quorum.leader() {
+            Some((id, ep)) => (Some(id), Some(ep)),
+            None => (None, None),
+        };
+        quorum_status(QuorumError::NotLeader { leader, endpoint })
+    }
+
+    fn require_leader(&self) -> Result<(), Status> {
+        if self.quorum.is_leader() {
+            Ok(())
+        } else {
+            Err(self.not_leader())
+        }
+    }
+
+    pub async fn propose(&self, cmd: Command) -> Result<Reply, Status> {
+        let bytes = self
+            .quorum
+            .propose(to_cbor(&cmd))
+            .await
+            .map_err(quorum_status)?;
+        from_cbor(&bytes).map_err(|e| Status::internal(format!("controller reply: {e}")))
+    }
+
+    fn snapshot(&self) -> CellState {
+        self.quorum.state().clone()
+    }
+
+    /// The node's state as placement sees it, with the leader-local
+    /// `Suspect` (missed three renewals) and `Dead` only after the grace.
+    fn placement_nodes(&self, s: &CellState, now: Instant) -> Vec<NodeInfo> {
+        let h = self.health.lock().expect("lock poisoned");
+        s.nodes
+            .values()
+            .map(|n| {
+                let mut state = n.placement_state();
+                if state == NodeState::Dead
+                    && h.dead_since
+                        .get(&n.id)
+                        .is_none_or(|t| now.duration_since(*t) < self.opts.repair_grace)
+                {
+                    state = NodeState::Suspect;
+                }
+                if state == NodeState::Up
+                    && h.seen
+                        .get(&n.id)
+                        .is_none_or(|t| now.duration_since(*t) > self.opts.lease / 3)
+                {
+                    state = NodeState::Suspect;
+                }
+                NodeInfo {
+                    id: n.id,
+                    zone: n.zone.clone(),
+                    rack: n.rack.clone(),
+                    state,
+                    capacity: n.capacity.max(1),
+                }
+            })
+            .collect()
+    }
+
+    /// The replica of each tablet that leads, from the latest reports (the
+    /// highest term wins).
+    fn leaders(&self) -> HashMap<u64, pb::ReplicaReport> {
+        let h = self.health.lock().expect("lock poisoned");
+        let mut out: HashMap<u64, pb::ReplicaReport> = HashMap::new();
+        for reports in h.reports.values() {
+            for r in reports.iter().filter(|r| r.leader) {
+                match out.get(&r.tablet) {
+                    Some(o) if o.term >= r.term => {}
+                    _ => {
+                        out.insert(r.tablet, r.clone());
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn tablet_infos(s: &CellState, leaders: &HashMap<u64, pb::ReplicaReport>) -> Vec<TabletInfo> {
+        s.tablets
+            .values()
+            .map(|t| TabletInfo {
+                id: t.id,
+                voters: t.voters.iter().map(|r| r.node).collect(),
+                leader: leaders
+                    .get(&t.id)
+                    .map(|r| r.replica_id & 0xffff)
+                    .filter(|n| t.voters.iter().any(|v| v.node == *n)),
+                busy: t.intent != 0,
+            })
+            .collect()
+    }
+
+    fn descriptor(
+        s: &CellState,
+        t: &TabletRec,
+        leaders: &HashMap<u64, pb::ReplicaReport>,
+    ) -> pb::TabletDescriptor {
+        let leader_node = leaders.get(&t.id).map_or(0, |r| r.replica_id & 0xffff);
+        pb::TabletDescriptor {
+            id: t.id,
+            vshard_lo: t.lo,
+            vshard_hi: t.hi,
+            generation: t.generation,
+            leader_node,
+            leader_endpoint: s
+                .nodes
+                .get(&leader_node)
+                .map(|n| n.client_endpoint.clone())
+                .unwrap_or_default(),
+            ..Default::default()
+        }
+    }
+}
+
+fn intent_pb(i: &IntentRec) -> pb::Intent {
+    let (kind, from, to) = match &i.kind {
+        IntentKind::Move { from, to, .. } => ("move", *from, *to),
+        IntentKind::TransferLeader { to } => ("transfer-leader", 0, *to),
+    };
+    let (state, detail, done, generation) = match &i.state {
+        IntentState::Pending => ("pending", String::new(), false, 0),
+        IntentState::Done { generation } => ("done", String::new(), true, *generation),
+        IntentState::Failed { reason } => ("failed", reason.clone(), true, 0),
+    };
+    pb::Intent {
+        id: i.id,
+        kind: format!("{kind} ({})", i.reason),
+        tablet: i.tablet,
+        from,
+        to,
+        state: state.into(),
+        detail,
+        done,
+        generation,
+    }
+}
+
+// ---------------------------------------------------------------- scheduler
+
+async fn scheduler(c: Arc<Controller>) {
+    let mut tick = tokio::time::interval(c.opts.tick);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = c.cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if !c.quorum.is_leader() {
+            c.health.lock().expect("lock poisoned").leading = None;
+            continue;
+        }
+        // Applied everything committed before acting on it.
+        if c.quorum.linearizable().await.is_err() {
+            continue;
+        }
+        if let Err(e) = schedule_once(&c).await {
+            tracing::debug!(error = %e.message(), "scheduler pass stopped");
+        }
+    }
+}
+
+async fn schedule_once(c: &Controller) -> Result<(), Status> {
+    let now = Instant::now();
+    let term = c.quorum.term();
+    let s = c.snapshot();
+    let Some(cell) = s.cell.clone() else {
+        return Ok(());
+    };
+    // Leases: a new term starts every node's lease afresh.
+    let mut to_mark = Vec::new();
+    {
+        let mut h = c.health.lock().expect("lock poisoned");
+        if h.leading.map(|(t, _)| t) != Some(term) {
+            h.leading = Some((term, now));
+            for id in s.nodes.keys() {
+                h.seen.insert(*id, now);
+            }
+            h.dead_since.clear();
+            for n in s.nodes.values().filter(|n| n.dead) {
+                h.dead_since.insert(n.id, now);
+            }
+        }
+        for n in s.nodes.values() {
+            if n.dead || n.admin == Admin::Decommissioned {
+                continue;
+            }
+            let seen = h.seen.get(&n.id).copied().unwrap_or(now);
+            if now.duration_since(seen) > c.opts.lease {
+                to_mark.push(n.id);
+                h.dead_since.insert(n.id, now);
+                h.reports.remove(&n.id);
+            }
+        }
+    }
+    for node in to_mark {
+        tracing::warn!(node, "health lease expired; node declared dead");
+        c.propose(Command::MarkDead { node }).await?;
+    }
+    let leaders = c.leaders();
+    // Groups that elected a leader no longer need their initializer.
+    for t in s.tablets.values().filter(|t| t.initializer.is_some()) {
+        if leaders.contains_key(&t.id) {
+            c.propose(Command::Started { tablet: t.id }).await?;
+        }
+    }
+    let nodes = c.placement_nodes(&s, now);
+    let replication = cell.replication as usize;
+    // New tablets.
+    let unplaced: Vec<u64> = s
+        .tablets
+        .values()
+        .filter(|t| t.voters.is_empty())
+        .map(|t| t.id)
+        .collect();
+    if !unplaced.is_empty() {
+        let tablets = Controller::tablet_infos(&s, &leaders);
+        let cluster = Cluster {
+            nodes: &nodes,
+            tablets: &tablets,
+            replication,
+        };
+        match cluster.place_new(unplaced.len()) {
+            Ok(sets) => {
+                let list = unplaced.into_iter().zip(sets).collect();
+                c.propose(Command::Place(list)).await?;
+            }
+            Err(e) => tracing::debug!(error = %e, "tablets wait for nodes"),
+        }
+    }
+    // Open intents: finish what the groups report done.
+    let mut open = 0;
+    for i in s
+        .intents
+        .values()
+        .filter(|i| i.state == IntentState::Pending)
+    {
+        open += 1;
+        let Some(t) = s.tablets.get(&i.tablet) else {
+            continue;
+        };
+        let report = leaders.get(&t.id);
+        match &i.kind {
+            IntentKind::Move {
+                to, new_replica, ..
+            } => {
+                let desired: BTreeSet<u64> = t.voters.iter().map(|r| r.replica_id).collect();
+                if let Some(r) = report {
+                    let voters: BTreeSet<u64> = r.voters.iter().copied().collect();
+                    let learners_ok = r.learners.iter().all(|l| desired.contains(l));
+                    if voters == desired && !r.joint && learners_ok {
+                        c.propose(Command::FinishMove { intent: i.id }).await?;
+                        continue;
+                    }
+                    let started = voters.contains(new_replica) || r.joint;
+                    let target_dead = s.nodes.get(to).is_none_or(|n| n.dead);
+                    if target_dead && !started {
+                        c.propose(Command::FailIntent {
+                            intent: i.id,
+                            reason: format!("target node {to} died before the change"),
+                        })
+                        .await?;
+                    }
+                }
+            }
+            IntentKind::TransferLeader { .. } => {
+                if report.is_some_and(|r| r.replica_id == t.leader_replica) {
+                    c.propose(Command::FinishTransfer { intent: i.id }).await?;
+                }
+            }
+        }
+    }
+    // Retired replicas a live node no longer reports are gone.
+    {
+        let retired: Vec<(u64, crate::state::ReplicaRec)> = s
+            .retired
+            .iter()
+            .flat_map(|(n, set)| set.iter().map(|r| (*n, *r)))
+            .collect();
+        let gone: Vec<(u64, crate::state::ReplicaRec)> = {
+            let h = c.health.lock().expect("lock poisoned");
+            retired
+                .into_iter()
+                .filter(|(n, r)| {
+                    h.reports
+                        .get(n)
+                        .is_some_and(|reps| !reps.iter().any(|x| x.replica_id == r.replica_id))
+                })
+                .collect()
+        };
+        for (node, replica) in gone {
+            c.propose(Command::Retired { node, replica }).await?;
+        }
+    }
+    // Repair and drain: replace voters on dead (past the grace), draining
+    // and decommissioned nodes.
+    if open < c.opts.max_intents {
+        let tablets = Controller::tablet_infos(&s, &leaders);
+        let cluster = Cluster {
+            nodes: &nodes,
+            tablets: &tablets,
+            replication,
+        };
+        for m in cluster.repair_plan() {
+            if open >= c.opts.max_intents {
+                break;
+            }
+            let Some(from) = m.from else { continue };
+            let reason = match s.nodes.get(&from) {
+                Some(n) if n.dead => "repair",
+                Some(n) if n.admin == Admin::Draining => "drain",
+                _ => "decommission",
+            };
+            let r = c
+                .propose(Command::StartMove {
+                    tablet: m.tablet,
+                    from,
+                    to: m.to,
+                    reason: reason.into(),
+                    expect_generation: 0,
+                })
+                .await?;
+            if let Reply::Intent(id) = r {
+                tracing::info!(
+                    tablet = m.tablet,
+                    from,
+                    to = m.to,
+                    intent = id,
+                    reason,
+                    "move started"
+                );
+                open += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- API
+
+pub struct Api(Arc<Controller>);
+
+#[tonic::async_trait]
+impl pb::controller_server::Controller for Api {
+    async fn init(
+        &self,
+        request: Request<pb::InitRequest>,
+    ) -> Result<Response<pb::InitResponse>, Status> {
+        let req = request.into_inner();
+        let c = &self.0;
+        if req.controllers.is_empty() {
+            return Err(refuse("controllers", "name at least this controller"));
+        }
+        if !req.controllers.iter().any(|p| p.id == c.opts.id) {
+            return Err(refuse(
+                "controllers",
+                format!("this controller ({}) is not in the list", c.opts.id),
+            ));
+        }
+        let members = req
+            .controllers
+            .iter()
+            .map(|p| (p.id, p.endpoint.clone()))
+            .collect();
+        c.quorum.initialize(&members).await.map_err(quorum_status)?;
+        c.quorum
+            .wait_leader(Duration::from_secs(15))
+            .await
+            .map_err(quorum_status)?;
+        let existed = c.snapshot().cell.is_some();
+        let cfg = CellConfig {
+            cell_id: if req.cell_id.is_empty() {
+                "cell".into()
+            } else {
+                req.cell_id
+            },
+            replication: req.replication,
+            tablets: req.tablets,
+        };
+        match c.propose(Command::Init(cfg)).await? {
+            Reply::Refused(reason) => Err(refuse("init", reason)),
+            _ => Ok(Response::new(pb::InitResponse { created: !existed })),
+        }
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<pb::HeartbeatRequest>,
+    ) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        let c = &self.0;
+        let req = request.into_inner();
+        let Some(reg) = req.node else {
+            return Err(refuse("node", "missing registration"));
+        };
+        if reg.id == 0 || reg.id >= 1 << 16 {
+            return Err(refuse("node.id", "node ids are 1..65535"));
+        }
+        if reg.client_endpoint.is_empty() || reg.peer_endpoint.is_empty() {
+            return Err(refuse("node", "client and peer endpoints are required"));
+        }
+        c.require_leader()?;
+        {
+            let mut h = c.health.lock().expect("lock poisoned");
+            h.seen.insert(reg.id, Instant::now());
+            h.reports.insert(reg.id, req.replicas);
+            h.dead_since.remove(&reg.id);
+        }
+        let rec = NodeRec {
+            id: reg.id,
+            client_endpoint: reg.client_endpoint,
+            peer_endpoint: reg.peer_endpoint,
+            zone: reg.zone,
+            rack: reg.rack,
+            capacity: reg.capacity.max(1),
+            admin: Admin::Active,
+            dead: false,
+        };
+        let known = c.quorum.state().nodes.get(&rec.id).cloned();
+        let changed = match &known {
+            None => true,
+            Some(k) => {
+                k.dead
+                    || k.client_endpoint != rec.client_endpoint
+                    || k.peer_endpoint != rec.peer_endpoint
+                    || k.zone != rec.zone
+                    || k.rack != rec.rack
+                    || k.capacity != rec.capacity
+            }
+        };
+        if changed {
+            if known.as_ref().is_some_and(|k| k.dead) {
+                tracing::info!(node = rec.id, "node is back");
+            }
+            c.propose(Command::Register(rec.clone())).await?;
+        }
+        let s = c.quorum.state();
+        let node = rec.id;
+        let mut assignments = Vec::new();
+        for t in s.tablets.values() {
+            let Some(r) = s.replica_on(t, node) else {
+                continue;
+            };
+            assignments.push(pb::Assignment {
+                tablet: t.id,
+                replica_id: r.replica_id,
+                vshard_lo: t.lo,
+                vshard_hi: t.hi,
+                range_generation: t.range_generation,
+                voters: t
+                    .voters
+                    .iter()
+                    .map(|v| pb::ReplicaRef {
+                        replica_id: v.replica_id,
+                        node: v.node,
+                    })
+                    .collect(),
+                initialize: t.initializer == Some(r.replica_id),
+                leader_replica: t.leader_replica,
+            });
+        }
+        let retire = s
+            .retired
+            .get(&node)
+            .map(|set| {
+                set.iter()
+                    .map(|r| pb::ReplicaRef {
+                        replica_id: r.replica_id,
+                        node: r.node,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let peers = s
+            .nodes
+            .values()
+            .filter(|n| n.admin != Admin::Decommissioned)
+            .map(|n| pb::PeerAddress {
+                node: n.id,
+                peer_endpoint: n.peer_endpoint.clone(),
+                client_endpoint: n.client_endpoint.clone(),
+            })
+            .collect();
+        let node_state = s
+            .nodes
+            .get(&node)
+            .map_or("up", |n| node_state_name(n.placement_state()));
+        Ok(Response::new(pb::HeartbeatResponse {
+            node_state: node_state.into(),
+            assignments,
+            retire,
+            peers,
+            lease_ms: c.opts.lease.as_millis() as u64,
+        }))
+    }
+
+    async fn get_routes(
+        &self,
+        request: Request<pb::GetRoutesRequest>,
+    ) -> Result<Response<pb::GetRoutesResponse>, Status> {
+        let c = &self.0;
+        c.require_leader()?;
+        let since = request.into_inner().since_generation;
+        let leaders = c.leaders();
+        let s = c.quorum.state();
+        let full = since == 0 || since > s.route_generation;
+        let tablets = s
+            .tablets
+            .values()
+            .filter(|t| !t.voters.is_empty() && (full || t.generation > since))
+            .map(|t| Controller::descriptor(&s, t, &leaders))
+            .collect();
+        Ok(Response::new(pb::GetRoutesResponse {
+            generation: s.route_generation,
+            tablets,
+            removed: Vec::new(),
+            full,
+        }))
+    }
+
+    async fn cell_status(
+        &self,
+        request: Request<pb::CellStatusRequest>,
+    ) -> Result<Response<pb::CellStatusResponse>, Status> {
+        let c = &self.0;
+        if !request.into_inner().local && c.quorum.leader().is_some() {
+            c.require_leader()?;
+        }
+        let now = Instant::now();
+        let s = c.snapshot();
+        let nodes = c.placement_nodes(&s, now);
+        let up: BTreeSet<u64> = nodes
+            .iter()
+            .filter(|n| n.state == NodeState::Up)
+            .map(|n| n.id)
+            .collect();
+        let replication = s.cell.as_ref().map_or(0, |c| c.replication);
+        let under = s
+            .tablets
+            .values()
+            .filter(|t| {
+                !t.voters.is_empty()
+                    && t.voters.iter().filter(|r| up.contains(&r.node)).count()
+                        < replication as usize
+            })
+            .count();
+        let (leader_id, leader_endpoint) = c.quorum.leader().unwrap_or_default();
+        Ok(Response::new(pb::CellStatusResponse {
+            controller_id: c.opts.id,
+            leader_id,
+            leader_endpoint,
+            initialized: s.cell.is_some(),
+            cell_id: s
+                .cell
+                .as_ref()
+                .map(|c| c.cell_id.clone())
+                .unwrap_or_default(),
+            replication,
+            nodes_up: up.len() as u64,
+            nodes_total: s
+                .nodes
+                .values()
+                .filter(|n| n.admin != Admin::Decommissioned)
+                .count() as u64,
+            tablets: s.tablets.len() as u64,
+            route_generation: s.route_generation,
+            under_replicated: under as u64,
+            intents_open: s
+                .intents
+                .values()
+                .filter(|i| i.state == IntentState::Pending)
+                .count() as u64,
+            controllers: c
+                .quorum
+                .members()
+                .into_iter()
+                .map(|(id, endpoint)| pb::ControllerPeer { id, endpoint })
+                .collect(),
+            tablets_unplaced: s.tablets.values().filter(|t| t.voters.is_empty()).count() as u64,
+        }))
+    }
+
+    async fn list_nodes(
+        &self,
+        _request: Request<pb::ListNodesRequest>,
+    ) -> Result<Response<pb::ListNodesResponse>, Status> {
+        let c = &self.0;
+        c.require_leader()?;
+        let now = Instant::now();
+        let s = c.snapshot();
+        let leaders = c.leaders();
+        let states = c.placement_nodes(&s, now);
+        let seen = c.health.lock().expect("lock poisoned").seen.clone();
+        let nodes = s
+            .nodes
+            .values()
+            .zip(states)
+            .map(|(n, p)| {
+                let mut state = p.state;
+                // Placement keeps a dead node Suspect during its grace;
+                // operators see the verdict.
+                if n.dead && n.admin != Admin::Decommissioned {
+                    state = NodeState::Dead;
+                }
+                pb::NodeInfo {
+                    id: n.id,
+                    client_endpoint: n.client_endpoint.clone(),
+                    peer_endpoint: n.peer_endpoint.clone(),
+                    zone: n.zone.clone(),
+                    rack: n.rack.clone(),
+                    capacity: n.capacity,
+                    state: node_state_name(state).into(),
+                    replicas: s
+                        .tablets
+                        .values()
+                        .filter(|t| s.replica_on(t, n.id).is_some())
+                        .count() as u64,
+                    leaders: leaders
+                        .values()
+                        .filter(|r| r.replica_id & 0xffff == n.id)
+                        .count() as u64,
+                    heartbeat_age_ms: seen
+                        .get(&n.id)
+                        .map_or(0, |t| now.duration_since(*t).as_millis() as u64),
+                }
+            })
+            .collect();
+        Ok(Response::new(pb::ListNodesResponse { nodes }))
+    }
+
+    async fn set_node_state(
+        &self,
+        request: Request<pb::SetNodeStateRequest>,
+    ) -> Result<Response<pb::IntentList>, Status> {
+        let c = &self.0;
+        c.require_leader()?;
+        let req = request.into_inner();
+        let admin = match req.state.as_str() {
+            "draining" | "drain" => Admin::Draining,
+            "decommissioned" | "decommission" => Admin::Decommissioned,
+            "active" | "up" => Admin::Active,
+            other => {
+                return Err(refuse(
+                    "state",
+                    format!("{other:?} is not one of draining, decommissioned, active"),
+                ));
+            }
+        };
+        let s = c.snapshot();
+        if !s.nodes.contains_key(&req.node) {
+            return Err(refuse(
+                "node",
+                PlacementError::UnknownNode { node: req.node },
+            ));
+        }
+        if admin != Admin::Active {
+            let nodes = c.placement_nodes(&s, Instant::now());
+            let tablets = Controller::tablet_infos(&s, &c.leaders());
+            let cluster = Cluster {
+                nodes: &nodes,
+                tablets: &tablets,
+                replication: s.cell.as_ref().map_or(3, |c| c.replication as usize),
+            };
+            cluster
+                .check_drain(req.node)
+                .map_err(|e| refuse("node", e))?;
+        }
+        match c
+            .propose(Command::SetAdmin {
+                node: req.node,
+                admin,
+            })
+            .await?
+        {
+            Reply::Refused(r) => Err(refuse("node", r)),
+            _ => Ok(Response::new(pb::IntentList {
+                intents: Vec::new(),
+            })),
+        }
+    }
+
+    async fn list_cell_tablets(
+        &self,
+        request: Request<pb::ListCellTabletsRequest>,
+    ) -> Result<Response<pb::ListCellTabletsResponse>, Status> {
+        let c = &self.0;
+        c.require_leader()?;
+        let only = request.into_inner().tablet;
+        let leaders = c.leaders();
+        let s = c.quorum.state();
+        if let Some(id) = only
+            && !s.tablets.contains_key(&id)
+        {
+            return Err(stele_proto::Error::TabletNotFound { tablet: id }.into());
+        }
+        let tablets = s
+            .tablets
+            .values()
+            .filter(|t| only.is_none_or(|id| id == t.id))
+            .map(|t| {
+                let mut replicas: Vec<pb::ReplicaInfo> = t
+                    .voters
+                    .iter()
+                    .map(|r| pb::ReplicaInfo {
+                        replica_id: r.replica_id,
+                        node: r.node,
+                        role: "voter".into(),
+                    })
+                    .collect();
+                if let Some(l) = t.leaving {
+                    replicas.push(pb::ReplicaInfo {
+                        replica_id: l.replica_id,
+                        node: l.node,
+                        role: "leaving".into(),
+                    });
+                }
+                pb::CellTablet {
+                    id: t.id,
+                    vshard_lo: t.lo,
+                    vshard_hi: t.hi,
+                    generation: t.generation,
+                    replicas,
+                    leader_node: leaders.get(&t.id).map_or(0, |r| r.replica_id & 0xffff),
+                    intent: t.intent,
+                }
+            })
+            .collect();
+        Ok(Response::new(pb::ListCellTabletsResponse { tablets }))
+    }
+
+    async fn move_tablet(
+        &self,
+        request: Request<pb::MoveTabletRequest>,
+    ) -> Result<Response<pb::Intent>, Status> {
+        let c = &self.0;
+        c.require_leader()?;
+        let req = request.into_inner();
+        let s = c.snapshot();
+        let nodes = c.placement_nodes(&s, Instant::now());
+        let tablets = Controller::tablet_infos(&s, &c.leaders());
+        let cluster = Cluster {
+            nodes: &nodes,
+            tablets: &tablets,
+            replication: s.cell.as_ref().map_or(3, |c| c.replication as usize),
+        };
+        cluster
+            .check_move(req.tablet, req.from, req.to)
+            .map_err(|e| refuse("move", e))?;
+        let reply = c
+            .propose(Command::StartMove {
+                tablet: req.tablet,
+                from: req.from,
+                to: req.to,
+                reason: "operator".into(),
+                expect_generation: req.expect_generation,
+            })
+            .await?;
+        intent_reply(c, reply)
+    }
+
+    async fn transfer_leader(
+        &self,
+        request: Request<pb::TransferLeaderRequest>,
+    ) -> Result<Response<pb::Intent>, Status> {
+        let c = &self.0;
+        c.require_leader()?;
+        let req = request.into_inner();
+        if !c
+            .quorum
+            .state()
+            .nodes
+            .get(&req.to)
+            .is_some_and(|n| n.placement_state() == NodeState::Up)
+        {
+            return Err(refuse("to", format!("node {} is not an up node", req.to)));
+        }
+        let reply = c
+            .propose(Command::TransferLeader {
+                tablet: req.tablet,
+                to: req.to,
+                reason: "operator".into(),
+            })
+            .await?;
+        intent_reply(c, reply)
+    }
+
+    async fn get_intent(
+        &self,
+        request: Request<pb::GetIntentRequest>,
+    ) -> Result<Response<pb::Intent>, Status> {
+        let id = request.into_inner().id;
+        match self.0.quorum.state().intents.get(&id) {
+            Some(i) => Ok(Response::new(intent_pb(i))),
+            None => Err(refuse("id", format!("no intent {id}"))),
+        }
+    }
+}
+
+fn intent_reply(c: &Controller, reply: Reply) -> Result<Response<pb::Intent>, Status> {
+    match reply {
+        Reply::Intent(id) => match c.quorum.state().intents.get(&id) {
+            Some(i) => Ok(Response::new(intent_pb(i))),
+            None => Err(Status::internal("intent vanished")),
+        },
+        Reply::Refused(r) => Err(refuse("request", r)),
+        Reply::Ok => Err(Status::internal("no intent recorded")),
+    }
+}

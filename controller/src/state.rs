@@ -1,0 +1,686 @@
+//! The controller's replicated state and the commands that change it.
+//!
+//! Apply is deterministic (no clock, no randomness): every controller
+//! reaches the same state from the same log. Health leases are not here:
+//! they are the leader's soft state ([`crate::server`]), and only their
+//! verdicts (`MarkDead`, `Register` after a return) are logged.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::placement::NodeState;
+
+/// Bits of a replica id that name its node (as `stele_node::raft::router`).
+pub const NODE_BITS: u32 = 16;
+
+/// Snapshot format version.
+pub const STATE_V: u16 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CellConfig {
+    pub cell_id: String,
+    pub replication: u32,
+    pub tablets: u32,
+}
+
+/// What an operator asked of a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Admin {
+    Active,
+    Draining,
+    Decommissioned,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRec {
+    pub id: u64,
+    pub client_endpoint: String,
+    pub peer_endpoint: String,
+    pub zone: String,
+    pub rack: String,
+    pub capacity: u32,
+    pub admin: Admin,
+    /// Declared dead by the leader after its lease expired.
+    pub dead: bool,
+}
+
+impl NodeRec {
+    /// The placement state (without the leader-local `Suspect`).
+    pub fn placement_state(&self) -> NodeState {
+        match (self.admin, self.dead) {
+            (Admin::Decommissioned, _) => NodeState::Decommissioned,
+            (_, true) => NodeState::Dead,
+            (Admin::Draining, _) => NodeState::Draining,
+            (Admin::Active, false) => NodeState::Up,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ReplicaRec {
+    pub replica_id: u64,
+    pub node: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TabletRec {
+    pub id: u64,
+    pub lo: u32,
+    pub hi: u64,
+    /// Bumped (to the cell's next route generation) on every range or
+    /// membership change.
+    pub generation: u64,
+    /// The generation at which the range last changed: what nodes check.
+    pub range_generation: u64,
+    /// Desired voters. During a move the new replica is here already and
+    /// the old one is in `leaving` until the group's membership matches.
+    pub voters: Vec<ReplicaRec>,
+    pub leaving: Option<ReplicaRec>,
+    /// The replica that creates the group, until the group has a leader.
+    pub initializer: Option<u64>,
+    /// Desired leader replica (0: any).
+    pub leader_replica: u64,
+    /// Open intent (0: none).
+    pub intent: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum IntentKind {
+    Move {
+        from: u64,
+        to: u64,
+        new_replica: u64,
+    },
+    TransferLeader {
+        to: u64,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum IntentState {
+    Pending,
+    Done { generation: u64 },
+    Failed { reason: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IntentRec {
+    pub id: u64,
+    pub tablet: u64,
+    pub kind: IntentKind,
+    pub state: IntentState,
+    /// Who asked: operator, repair, drain, balance.
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CellState {
+    pub v: u16,
+    pub cell: Option<CellConfig>,
+    pub nodes: BTreeMap<u64, NodeRec>,
+    pub tablets: BTreeMap<u64, TabletRec>,
+    pub intents: BTreeMap<u64, IntentRec>,
+    /// Replicas each node must delete (moved away), by node.
+    pub retired: BTreeMap<u64, BTreeSet<ReplicaRec>>,
+    pub next_replica_seq: u64,
+    pub next_intent: u64,
+    pub route_generation: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    Init(CellConfig),
+    Register(NodeRec),
+    MarkDead {
+        node: u64,
+    },
+    SetAdmin {
+        node: u64,
+        admin: Admin,
+    },
+    /// Places unplaced tablets: (tablet, nodes), first node initializes.
+    Place(Vec<(u64, Vec<u64>)>),
+    /// The group has a leader: no replica may initialize it again.
+    Started {
+        tablet: u64,
+    },
+    StartMove {
+        tablet: u64,
+        from: u64,
+        to: u64,
+        reason: String,
+        expect_generation: u64,
+    },
+    /// The group's membership matches the desired voters.
+    FinishMove {
+        intent: u64,
+    },
+    FailIntent {
+        intent: u64,
+        reason: String,
+    },
+    TransferLeader {
+        tablet: u64,
+        to: u64,
+        reason: String,
+    },
+    /// The desired leader leads.
+    FinishTransfer {
+        intent: u64,
+    },
+    /// A node deleted a retired replica.
+    Retired {
+        node: u64,
+        replica: ReplicaRec,
+    },
+}
+
+/// The reply to a command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reply {
+    Ok,
+    Intent(u64),
+    Refused(String),
+}
+
+impl CellState {
+    pub fn new() -> CellState {
+        CellState {
+            v: STATE_V,
+            next_replica_seq: 1,
+            next_intent: 1,
+            ..Default::default()
+        }
+    }
+
+    fn bump(&mut self) -> u64 {
+        self.route_generation += 1;
+        self.route_generation
+    }
+
+    fn new_replica(&mut self, node: u64) -> ReplicaRec {
+        let seq = self.next_replica_seq;
+        self.next_replica_seq += 1;
+        ReplicaRec {
+            replica_id: (seq << NODE_BITS) | node,
+            node,
+        }
+    }
+
+    /// The replica of `tablet` on `node`, voter or leaving.
+    pub fn replica_on(&self, tablet: &TabletRec, node: u64) -> Option<ReplicaRec> {
+        tablet
+            .voters
+            .iter()
+            .chain(tablet.leaving.iter())
+            .find(|r| r.node == node)
+            .copied()
+    }
+
+    pub fn apply(&mut self, cmd: Command) -> Reply {
+        match cmd {
+            Command::Init(cfg) => {
+                if let Some(existing) = &self.cell {
+                    return if *existing == cfg {
+                        Reply::Ok
+                    } else {
+                        Reply::Refused(format!(
+                            "the cell exists already as {existing:?}; asked {cfg:?}"
+                        ))
+                    };
+                }
+                if cfg.tablets == 0 || cfg.tablets > 65_536 {
+                    return Reply::Refused("tablets must be 1..=65536".into());
+                }
+                if !matches!(cfg.replication, 1 | 3 | 5) {
+                    return Reply::Refused("replication must be 1, 3 or 5".into());
+                }
+                let generation = self.bump();
+                for (i, (lo, hi)) in stele_proto::vshard::even_ranges(cfg.tablets)
+                    .into_iter()
+                    .enumerate()
+                {
+                    let id = i as u64 + 1;
+                    self.tablets.insert(
+                        id,
+                        TabletRec {
+                            id,
+                            lo,
+                            hi,
+                            generation,
+                            range_generation: generation,
+                            voters: Vec::new(),
+                            leaving: None,
+                            initializer: None,
+                            leader_replica: 0,
+                            intent: 0,
+                        },
+                    );
+                }
+                self.cell = Some(cfg);
+                Reply::Ok
+            }
+            Command::Register(rec) => {
+                let admin = self.nodes.get(&rec.id).map_or(Admin::Active, |n| n.admin);
+                self.nodes.insert(rec.id, NodeRec { admin, ..rec });
+                Reply::Ok
+            }
+            Command::MarkDead { node } => match self.nodes.get_mut(&node) {
+                Some(n) => {
+                    n.dead = true;
+                    Reply::Ok
+                }
+                None => Reply::Refused(format!("unknown node {node}")),
+            },
+            Command::SetAdmin { node, admin } => match self.nodes.get_mut(&node) {
+                Some(n) => {
+                    n.admin = admin;
+                    Reply::Ok
+                }
+                None => Reply::Refused(format!("unknown node {node}")),
+            },
+            Command::Place(list) => {
+                let mut placed = false;
+                for (tablet, nodes) in list {
+                    let unplaced = self
+                        .tablets
+                        .get(&tablet)
+                        .is_some_and(|t| t.voters.is_empty() && t.leaving.is_none());
+                    if !unplaced || nodes.is_empty() {
+                        continue;
+                    }
+                    let voters: Vec<ReplicaRec> =
+                        nodes.iter().map(|n| self.new_replica(*n)).collect();
+                    let generation = self.bump();
+                    let t = self.tablets.get_mut(&tablet).expect("checked above");
+                    t.initializer = voters.first().map(|r| r.replica_id);
+                    t.voters = voters;
+                    t.generation = generation;
+                    placed = true;
+                }
+                if placed {
+                    Reply::Ok
+                } else {
+                    Reply::Refused("nothing to place".into())
+                }
+            }
+            Command::Started { tablet } => {
+                if let Some(t) = self.tablets.get_mut(&tablet) {
+                    t.initializer = None;
+                }
+                Reply::Ok
+            }
+            Command::StartMove {
+                tablet,
+                from,
+                to,
+                reason,
+                expect_generation,
+            } => {
+                let Some(t) = self.tablets.get(&tablet) else {
+                    return Reply::Refused(format!("unknown tablet {tablet}"));
+                };
+                if expect_generation != 0 && t.generation != expect_generation {
+                    return Reply::Refused(format!(
+                        "tablet {tablet} is at generation {}, not {expect_generation}",
+                        t.generation
+                    ));
+                }
+                if t.intent != 0 {
+                    return Reply::Refused(format!(
+                        "tablet {tablet} is busy with intent {}",
+                        t.intent
+                    ));
+                }
+                if !self
+                    .nodes
+                    .get(&to)
+                    .is_some_and(|n| n.placement_state() == NodeState::Up)
+                {
+                    return Reply::Refused(format!("node {to} is not an up node"));
+                }
+                if t.voters.iter().any(|r| r.node == to) {
+                    return Reply::Refused(format!("node {to} already holds tablet {tablet}"));
+                }
+                let Some(pos) = t.voters.iter().position(|r| r.node == from) else {
+                    return Reply::Refused(format!(
+                        "node {from} holds no voter of tablet {tablet}"
+                    ));
+                };
+                let new = self.new_replica(to);
+                let id = self.next_intent;
+                self.next_intent += 1;
+                let t = self.tablets.get_mut(&tablet).expect("checked above");
+                let old = t.voters[pos];
+                t.voters[pos] = new;
+                t.leaving = Some(old);
+                t.intent = id;
+                if t.leader_replica == old.replica_id {
+                    t.leader_replica = 0;
+                }
+                self.intents.insert(
+                    id,
+                    IntentRec {
+                        id,
+                        tablet,
+                        kind: IntentKind::Move {
+                            from,
+                            to,
+                            new_replica: new.replica_id,
+                        },
+                        state: IntentState::Pending,
+                        reason,
+                    },
+                );
+                Reply::Intent(id)
+            }
+            Command::FinishMove { intent } => {
+                let Some(i) = self.intents.get(&intent) else {
+                    return Reply::Refused(format!("unknown intent {intent}"));
+                };
+                if i.state != IntentState::Pending {
+                    return Reply::Ok;
+                }
+                let tablet = i.tablet;
+                let generation = self.bump();
+                let t = self
+                    .tablets
+                    .get_mut(&tablet)
+                    .expect("intent names a tablet");
+                if let Some(old) = t.leaving.take() {
+                    self.retired.entry(old.node).or_default().insert(old);
+                }
+                t.intent = 0;
+                t.generation = generation;
+                let i = self.intents.get_mut(&intent).expect("checked above");
+                i.state = IntentState::Done { generation };
+                self.trim_intents();
+                Reply::Ok
+            }
+            Command::FailIntent { intent, reason } => {
+                let Some(i) = self.intents.get_mut(&intent) else {
+                    return Reply::Refused(format!("unknown intent {intent}"));
+                };
+                if i.state != IntentState::Pending {
+                    return Reply::Ok;
+                }
+                i.state = IntentState::Failed { reason };
+                let tablet = i.tablet;
+                let kind = i.kind.clone();
+                if let Some(t) = self.tablets.get_mut(&tablet) {
+                    t.intent = 0;
+                    // A move that never changed the group's voters rolls
+                    // back: the old voter stays, the new replica retires.
+                    if let IntentKind::Move { new_replica, .. } = kind
+                        && let Some(old) = t.leaving.take()
+                        && let Some(pos) = t.voters.iter().position(|r| r.replica_id == new_replica)
+                    {
+                        let new = t.voters[pos];
+                        t.voters[pos] = old;
+                        self.retired.entry(new.node).or_default().insert(new);
+                    }
+                }
+                Reply::Ok
+            }
+            Command::TransferLeader { tablet, to, reason } => {
+                let Some(t) = self.tablets.get_mut(&tablet) else {
+                    return Reply::Refused(format!("unknown tablet {tablet}"));
+                };
+                if t.intent != 0 {
+                    return Reply::Refused(format!(
+                        "tablet {tablet} is busy with intent {}",
+                        t.intent
+                    ));
+                }
+                let Some(r) = t.voters.iter().find(|r| r.node == to) else {
+                    return Reply::Refused(format!("node {to} holds no voter of tablet {tablet}"));
+                };
+                t.leader_replica = r.replica_id;
+                let id = self.next_intent;
+                self.next_intent += 1;
+                t.intent = id;
+                self.intents.insert(
+                    id,
+                    IntentRec {
+                        id,
+                        tablet,
+                        kind: IntentKind::TransferLeader { to },
+                        state: IntentState::Pending,
+                        reason,
+                    },
+                );
+                Reply::Intent(id)
+            }
+            Command::FinishTransfer { intent } => {
+                let Some(i) = self.intents.get_mut(&intent) else {
+                    return Reply::Refused(format!("unknown intent {intent}"));
+                };
+                if i.state != IntentState::Pending {
+                    return Reply::Ok;
+                }
+                let tablet = i.tablet;
+                let generation = self.tablets.get(&tablet).map_or(0, |t| t.generation);
+                i.state = IntentState::Done { generation };
+                if let Some(t) = self.tablets.get_mut(&tablet) {
+                    t.intent = 0;
+                    t.leader_replica = 0;
+                }
+                self.trim_intents();
+                Reply::Ok
+            }
+            Command::Retired { node, replica } => {
+                if let Some(set) = self.retired.get_mut(&node) {
+                    set.remove(&replica);
+                    if set.is_empty() {
+                        self.retired.remove(&node);
+                    }
+                }
+                Reply::Ok
+            }
+        }
+    }
+
+    /// Keeps the last 1,000 finished intents.
+    fn trim_intents(&mut self) {
+        let finished: Vec<u64> = self
+            .intents
+            .values()
+            .filter(|i| i.state != IntentState::Pending)
+            .map(|i| i.id)
+            .collect();
+        if finished.len() > 1000 {
+            for id in &finished[..finished.len() - 1000] {
+                self.intents.remove(id);
+            }
+        }
+    }
+}
+
+pub fn to_cbor<T: Serialize>(v: &T) -> Vec<u8> {
+    let mut buf = Vec::new();
+    ciborium::into_writer(v, &mut buf).expect("CBOR into a Vec cannot fail");
+    buf
+}
+
+pub fn from_cbor<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, String> {
+    ciborium::from_reader(bytes).map_err(|e| e.to_string())
+}
+
+/// The quorum's view of the state: commands and snapshots as CBOR.
+impl stele_node::raft::quorum::QuorumState for CellState {
+    fn apply(&mut self, _index: u64, cmd: &[u8]) -> Vec<u8> {
+        let reply = match from_cbor::<Command>(cmd) {
+            Ok(cmd) => CellState::apply(self, cmd),
+            Err(e) => Reply::Refused(format!("undecodable command: {e}")),
+        };
+        to_cbor(&reply)
+    }
+
+    fn snapshot(&self) -> Vec<u8> {
+        to_cbor(self)
+    }
+
+    fn restore(&mut self, bytes: &[u8]) -> Result<(), String> {
+        let s: CellState = from_cbor(bytes)?;
+        if s.v != STATE_V {
+            return Err(format!("controller state version {} unknown", s.v));
+        }
+        *self = s;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: u64, zone: &str) -> NodeRec {
+        NodeRec {
+            id,
+            client_endpoint: format!("http://n{id}"),
+            peer_endpoint: format!("127.0.0.1:{id}"),
+            zone: zone.into(),
+            rack: String::new(),
+            capacity: 1,
+            admin: Admin::Active,
+            dead: false,
+        }
+    }
+
+    fn cell() -> CellState {
+        let mut s = CellState::new();
+        assert_eq!(
+            s.apply(Command::Init(CellConfig {
+                cell_id: "c".into(),
+                replication: 3,
+                tablets: 2,
+            })),
+            Reply::Ok
+        );
+        for (id, z) in [(1, "a"), (2, "b"), (3, "c"), (4, "a")] {
+            s.apply(Command::Register(node(id, z)));
+        }
+        assert_eq!(
+            s.apply(Command::Place(vec![(1, vec![1, 2, 3]), (2, vec![1, 2, 3])])),
+            Reply::Ok
+        );
+        s
+    }
+
+    #[test]
+    fn placed_replicas_get_fresh_ids_on_their_nodes() {
+        let s = cell();
+        let ids: BTreeSet<u64> = s
+            .tablets
+            .values()
+            .flat_map(|t| t.voters.iter().map(|r| r.replica_id))
+            .collect();
+        assert_eq!(ids.len(), 6, "ids are unique");
+        for t in s.tablets.values() {
+            for r in &t.voters {
+                assert_eq!(r.replica_id & 0xffff, r.node);
+            }
+            assert_eq!(t.initializer, Some(t.voters[0].replica_id));
+        }
+    }
+
+    #[test]
+    fn a_move_retires_the_old_replica_and_never_reuses_ids() {
+        let mut s = cell();
+        let g0 = s.tablets[&1].generation;
+        let Reply::Intent(i) = s.apply(Command::StartMove {
+            tablet: 1,
+            from: 3,
+            to: 4,
+            reason: "operator".into(),
+            expect_generation: 0,
+        }) else {
+            panic!("refused")
+        };
+        assert!(s.tablets[&1].leaving.is_some());
+        assert_eq!(s.tablets[&1].generation, g0, "no bump until done");
+        s.apply(Command::FinishMove { intent: i });
+        let t = &s.tablets[&1];
+        assert!(t.generation > g0);
+        assert!(t.voters.iter().any(|r| r.node == 4));
+        assert!(t.leaving.is_none());
+        let old = *s.retired[&3].iter().next().unwrap();
+        // Back to node 3: a new id, not the retired one.
+        let Reply::Intent(j) = s.apply(Command::StartMove {
+            tablet: 1,
+            from: 4,
+            to: 3,
+            reason: "operator".into(),
+            expect_generation: 0,
+        }) else {
+            panic!("refused")
+        };
+        s.apply(Command::FinishMove { intent: j });
+        let back = s.replica_on(&s.tablets[&1], 3).unwrap();
+        assert_ne!(back.replica_id, old.replica_id);
+    }
+
+    #[test]
+    fn bad_moves_are_refused_and_change_nothing() {
+        let mut s = cell();
+        s.apply(Command::MarkDead { node: 4 });
+        let before = s.clone();
+        let cases = [
+            (99, 1, 4, 0),  // unknown tablet
+            (1, 1, 9, 0),   // unknown node
+            (1, 1, 4, 0),   // dead target
+            (1, 1, 2, 0),   // already holds
+            (1, 4, 1, 0),   // from is not a voter
+            (1, 3, 4, 999), // stale generation
+        ];
+        for (tablet, from, to, g) in cases {
+            let r = s.apply(Command::StartMove {
+                tablet,
+                from,
+                to,
+                reason: "operator".into(),
+                expect_generation: g,
+            });
+            assert!(
+                matches!(r, Reply::Refused(_)),
+                "{tablet} {from}->{to}: {r:?}"
+            );
+            assert_eq!(s, before);
+        }
+    }
+
+    #[test]
+    fn a_failed_move_rolls_back() {
+        let mut s = cell();
+        let before = s.tablets[&1].voters.clone();
+        let Reply::Intent(i) = s.apply(Command::StartMove {
+            tablet: 1,
+            from: 3,
+            to: 4,
+            reason: "operator".into(),
+            expect_generation: 0,
+        }) else {
+            panic!()
+        };
+        s.apply(Command::FailIntent {
+            intent: i,
+            reason: "test".into(),
+        });
+        assert_eq!(s.tablets[&1].voters, before);
+        assert_eq!(s.tablets[&1].intent, 0);
+        assert_eq!(s.retired[&4].len(), 1, "the new replica retires");
+    }
+
+    #[test]
+    fn snapshot_round_trips() {
+        use stele_node::raft::quorum::QuorumState;
+        let s = cell();
+        let mut t = CellState::new();
+        t.restore(&s.snapshot()).unwrap();
+        assert_eq!(s, t);
+        let mut bad = to_cbor(&s);
+        bad.truncate(bad.len() / 2);
+        assert!(t.restore(&bad).is_err());
+    }
+}

@@ -1,0 +1,316 @@
+//! The node's side of the control plane: registers with the cell
+//! controller, renews its health lease every second with a report of its
+//! replicas, and carries out what the reply says: create the replicas
+//! assigned here, delete the ones retired, learn peer addresses, and (where
+//! this node leads a tablet) move the group toward its desired voters and
+//! leader.
+//!
+//! The data path never waits on any of this.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use stele_proto::pb;
+use tonic::transport::Channel;
+
+use crate::node::{Node, ReplicaSpec};
+use crate::raft::membership::{self, Step};
+
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// gRPC endpoints of the controllers (any one; the leader is found).
+    pub controllers: Vec<String>,
+    pub client_endpoint: String,
+    pub peer_endpoint: String,
+    pub zone: String,
+    pub rack: String,
+    pub capacity: u32,
+    /// Heartbeat period (the lease renew interval).
+    pub interval: Duration,
+    /// How long a leader waits for a new learner to catch up per attempt.
+    pub catch_up: Duration,
+}
+
+/// Sets a peer node's QUIC address (the transport, when there is one).
+pub type SetPeer = Arc<dyn Fn(u64, std::net::SocketAddr) + Send + Sync>;
+
+/// Counters of the agent, for status and tests.
+#[derive(Debug, Default)]
+pub struct AgentStats {
+    pub heartbeats_ok: std::sync::atomic::AtomicU64,
+    pub heartbeats_failed: std::sync::atomic::AtomicU64,
+    pub replicas_created: std::sync::atomic::AtomicU64,
+    pub replicas_removed: std::sync::atomic::AtomicU64,
+    pub membership_changes: std::sync::atomic::AtomicU64,
+}
+
+pub struct Agent {
+    node: Arc<Node>,
+    opts: AgentOptions,
+    set_peer: Option<SetPeer>,
+    /// Tablets with a reconcile task running.
+    busy: Arc<Mutex<HashSet<u64>>>,
+    /// Peer addresses already handed to the transport.
+    known_peers: Mutex<std::collections::HashMap<u64, std::net::SocketAddr>>,
+    pub stats: Arc<AgentStats>,
+}
+
+impl Agent {
+    pub fn new(node: Arc<Node>, opts: AgentOptions, set_peer: Option<SetPeer>) -> Agent {
+        Agent {
+            node,
+            opts,
+            set_peer,
+            busy: Default::default(),
+            known_peers: Default::default(),
+            stats: Default::default(),
+        }
+    }
+
+    /// Runs until the node shuts down.
+    pub async fn run(self) {
+        let mut clients: Vec<Option<pb::controller_client::ControllerClient<Channel>>> =
+            vec![None; self.opts.controllers.len()];
+        let mut at = 0usize;
+        let mut tick = tokio::time::interval(self.opts.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = self.node.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            if self.opts.controllers.is_empty() {
+                continue;
+            }
+            let req = self.heartbeat_request();
+            // Try the controller that answered last, then the others.
+            let mut reply = None;
+            for k in 0..self.opts.controllers.len() {
+                let i = (at + k) % self.opts.controllers.len();
+                match self.call(&mut clients[i], i, req.clone()).await {
+                    Ok(r) => {
+                        at = i;
+                        reply = Some(r);
+                        break;
+                    }
+                    Err(Redirect(Some(ep))) => {
+                        if let Some(j) = self.opts.controllers.iter().position(|c| *c == ep) {
+                            at = j;
+                            if let Ok(r) = self.call(&mut clients[j], j, req.clone()).await {
+                                reply = Some(r);
+                                break;
+                            }
+                        }
+                    }
+                    Err(Redirect(None)) => {}
+                }
+            }
+            match reply {
+                Some(r) => {
+                    self.stats
+                        .heartbeats_ok
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.apply(r).await;
+                }
+                None => {
+                    self.stats
+                        .heartbeats_failed
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    async fn call(
+        &self,
+        slot: &mut Option<pb::controller_client::ControllerClient<Channel>>,
+        i: usize,
+        req: pb::HeartbeatRequest,
+    ) -> Result<pb::HeartbeatResponse, Redirect> {
+        if slot.is_none() {
+            let ep = tonic::transport::Endpoint::from_shared(self.opts.controllers[i].clone())
+                .map_err(|_| Redirect(None))?
+                .connect_timeout(Duration::from_secs(1));
+            *slot = Some(pb::controller_client::ControllerClient::new(
+                ep.connect_lazy(),
+            ));
+        }
+        let client = slot.as_mut().expect("set above");
+        let mut request = tonic::Request::new(req);
+        request.set_timeout(Duration::from_secs(2));
+        match client.heartbeat(request).await {
+            Ok(r) => Ok(r.into_inner()),
+            Err(status) => match stele_proto::Error::from_status(&status) {
+                stele_proto::Error::NotLeader {
+                    leader_endpoint, ..
+                } if !leader_endpoint.is_empty() => Err(Redirect(Some(leader_endpoint))),
+                e => {
+                    tracing::debug!(controller = %self.opts.controllers[i], error = %e, "heartbeat failed");
+                    Err(Redirect(None))
+                }
+            },
+        }
+    }
+
+    fn heartbeat_request(&self) -> pb::HeartbeatRequest {
+        let replicas = self
+            .node
+            .replicas()
+            .iter()
+            .map(|r| {
+                let v = membership::view(&r.raft);
+                pb::ReplicaReport {
+                    tablet: r.tablet.id,
+                    replica_id: r.replica_id,
+                    leader: v.leader == Some(r.replica_id),
+                    term: v.term,
+                    applied_index: v.applied,
+                    voters: v.voters.into_iter().collect(),
+                    learners: v.learners.into_iter().collect(),
+                    joint: v.joint,
+                    range_generation: r.tablet.generation(),
+                }
+            })
+            .collect();
+        pb::HeartbeatRequest {
+            node: Some(pb::NodeRegistration {
+                id: self.node.options.node_id,
+                client_endpoint: self.opts.client_endpoint.clone(),
+                peer_endpoint: self.opts.peer_endpoint.clone(),
+                zone: self.opts.zone.clone(),
+                rack: self.opts.rack.clone(),
+                capacity: self.opts.capacity,
+            }),
+            replicas,
+        }
+    }
+
+    async fn apply(&self, r: pb::HeartbeatResponse) {
+        let me = self.node.options.node_id;
+        for p in &r.peers {
+            if p.node == me {
+                continue;
+            }
+            if let (Some(set), Ok(addr)) = (&self.set_peer, p.peer_endpoint.parse()) {
+                let mut known = self.known_peers.lock().expect("lock poisoned");
+                if known.get(&p.node) != Some(&addr) {
+                    known.insert(p.node, addr);
+                    set(p.node, addr);
+                }
+            }
+        }
+        self.node.learn_endpoints(
+            r.peers
+                .iter()
+                .filter(|p| p.node != me)
+                .map(|p| (p.node, p.client_endpoint.clone())),
+        );
+        for a in &r.assignments {
+            let spec = ReplicaSpec {
+                tablet: a.tablet,
+                replica_id: a.replica_id,
+                vshard_lo: a.vshard_lo,
+                vshard_hi: a.vshard_hi,
+                range_generation: a.range_generation,
+            };
+            let voters: Vec<u64> = a.voters.iter().map(|v| v.replica_id).collect();
+            let replica = match self.node.replica(a.tablet) {
+                Some(r) if r.replica_id == a.replica_id => r,
+                Some(r) => {
+                    tracing::warn!(
+                        tablet = a.tablet,
+                        here = r.replica_id,
+                        assigned = a.replica_id,
+                        "assigned a different replica of a tablet this node holds; waiting for its retirement"
+                    );
+                    continue;
+                }
+                None => {
+                    let init = a.initialize.then_some(voters.as_slice());
+                    match self.node.create_replica(&spec, init).await {
+                        Ok(r) => {
+                            self.stats
+                                .replicas_created
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            r
+                        }
+                        Err(e) => {
+                            tracing::warn!(tablet = a.tablet, error = %e, "cannot create assigned replica");
+                            continue;
+                        }
+                    }
+                }
+            };
+            if !replica.is_leader() {
+                continue;
+            }
+            let desired: BTreeSet<u64> = voters.iter().copied().collect();
+            let v = membership::view(&replica.raft);
+            let leader_ok = a.leader_replica == 0 || a.leader_replica == replica.replica_id;
+            if !v.joint
+                && v.voters == desired
+                && v.learners.is_subset(&desired)
+                && (leader_ok || !desired.contains(&a.leader_replica))
+            {
+                continue;
+            }
+            if !self.busy.lock().expect("lock poisoned").insert(a.tablet) {
+                continue;
+            }
+            let busy = self.busy.clone();
+            let stats = self.stats.clone();
+            let want = a.leader_replica;
+            let catch_up = self.opts.catch_up;
+            let tablet = a.tablet;
+            tokio::spawn(async move {
+                let result = membership::reconcile(
+                    &replica.raft,
+                    replica.replica_id,
+                    &desired,
+                    want,
+                    catch_up,
+                )
+                .await;
+                match result {
+                    Ok(Step::ChangedVoters) | Ok(Step::RemovedLearners) => {
+                        stats
+                            .membership_changes
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        tracing::info!(tablet, ?desired, "membership changed");
+                    }
+                    Ok(step) => tracing::debug!(tablet, ?step, "reconcile"),
+                    Err(e) => {
+                        tracing::warn!(tablet, error = %e, "membership change failed; retried on the next heartbeat")
+                    }
+                }
+                busy.lock().expect("lock poisoned").remove(&tablet);
+            });
+        }
+        for rr in &r.retire {
+            if rr.node != me {
+                continue;
+            }
+            let tablet = self
+                .node
+                .replicas()
+                .into_iter()
+                .find(|x| x.replica_id == rr.replica_id)
+                .map(|x| x.tablet.id);
+            if let Some(tablet) = tablet {
+                match self.node.remove_replica(tablet, rr.replica_id).await {
+                    Ok(true) => {
+                        self.stats
+                            .replicas_removed
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(tablet, error = %e, "cannot remove retired replica"),
+                }
+            }
+        }
+    }
+}
+
+/// A failed heartbeat, with the leader's endpoint when the controller named it.
+struct Redirect(Option<String>);

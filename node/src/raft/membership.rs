@@ -1,0 +1,131 @@
+//! Membership of a tablet group as the controller wants it: the leader
+//! replica moves the group one safe step at a time toward the desired voter
+//! set (add learners, let them catch up, then one joint-consensus change),
+//! and hands leadership away before it removes itself.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use openraft::ChangeMembers;
+use openraft::async_runtime::watch::WatchReceiver;
+use openraft::impls::BasicNode;
+
+use super::TabletRaft;
+
+/// A group's effective membership as one replica sees it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MembershipView {
+    pub voters: BTreeSet<u64>,
+    pub learners: BTreeSet<u64>,
+    /// A joint (two-config) membership is in effect.
+    pub joint: bool,
+    pub leader: Option<u64>,
+    pub term: u64,
+    pub applied: u64,
+}
+
+pub fn view(raft: &TabletRaft) -> MembershipView {
+    let m = raft.metrics();
+    let m = m.borrow_watched();
+    let membership = m.membership_config.membership();
+    MembershipView {
+        voters: membership.voter_ids().collect(),
+        learners: membership.learner_ids().collect(),
+        joint: membership.get_joint_config().len() > 1,
+        leader: m.current_leader,
+        term: m.current_term,
+        applied: m.last_applied.as_ref().map_or(0, |l| l.index()),
+    }
+}
+
+/// What one reconcile step did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Membership and leader are as desired.
+    Done,
+    /// Leadership handed to this replica (this one is leaving, or another
+    /// was asked for).
+    TransferredLeader(u64),
+    /// Voters changed to the desired set (learners added first).
+    ChangedVoters,
+    /// Extra learners removed.
+    RemovedLearners,
+    /// Not the leader: nothing to do here.
+    NotLeader,
+}
+
+/// Moves the group one step toward `desired` voters (and the desired
+/// leader, 0 for any). Only the leader acts. Learners are added blocking:
+/// the call returns once they caught up (or `catch_up` passed).
+pub async fn reconcile(
+    raft: &TabletRaft,
+    me: u64,
+    desired: &BTreeSet<u64>,
+    want_leader: u64,
+    catch_up: Duration,
+) -> Result<Step, String> {
+    let v = view(raft);
+    if v.leader != Some(me) {
+        return Ok(Step::NotLeader);
+    }
+    if desired.is_empty() {
+        return Err("empty desired voter set".into());
+    }
+    if !v.joint && v.voters == *desired {
+        let extra: BTreeSet<u64> = v.learners.difference(desired).copied().collect();
+        if !extra.is_empty() {
+            raft.change_membership(ChangeMembers::RemoveNodes(extra), false)
+                .await
+                .map_err(|e| e.to_string())?;
+            return Ok(Step::RemovedLearners);
+        }
+        if want_leader != 0 && want_leader != me && desired.contains(&want_leader) {
+            raft.trigger()
+                .transfer_leader(want_leader)
+                .await
+                .map_err(|e| e.to_string())?;
+            return Ok(Step::TransferredLeader(want_leader));
+        }
+        return Ok(Step::Done);
+    }
+    if !desired.contains(&me) {
+        // Leaving: hand over to a voter that stays, the desired leader if
+        // it is one. Its new leader finishes the change.
+        let stays: Vec<u64> = v.voters.intersection(desired).copied().collect();
+        let to = if stays.contains(&want_leader) {
+            Some(want_leader)
+        } else {
+            stays.first().copied()
+        };
+        if let Some(to) = to {
+            raft.trigger()
+                .transfer_leader(to)
+                .await
+                .map_err(|e| e.to_string())?;
+            return Ok(Step::TransferredLeader(to));
+        }
+        // No staying voter: change first (the group stays available; this
+        // replica steps down once the new config commits).
+    }
+    for r in desired.difference(&v.voters) {
+        if !v.learners.contains(r) {
+            let added =
+                tokio::time::timeout(catch_up, raft.add_learner(*r, BasicNode::default(), true))
+                    .await;
+            match added {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(format!("add learner {r}: {e}")),
+                Err(_) => return Err(format!("learner {r} did not catch up within {catch_up:?}")),
+            }
+        }
+    }
+    raft.change_membership(ChangeMembers::ReplaceAllVoters(desired.clone()), false)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(Step::ChangedVoters)
+}
+
+/// The voters of a new group, for `initialize`.
+pub fn initial_members(voters: &[u64]) -> BTreeMap<u64, BasicNode> {
+    voters.iter().map(|r| (*r, BasicNode::default())).collect()
+}
