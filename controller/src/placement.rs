@@ -12,11 +12,13 @@
 //! ```
 //!
 //! Everything here is a pure function of the snapshot: no I/O, no clock, no
-//! randomness. Ties are broken by zone name, rack name and position in
-//! `nodes`, so one snapshot always gives one plan. The scheduler executes a
-//! plan and asks again; a plan touches each tablet at most once, so a tablet
-//! that needs two steps (two dead voters, say) gets the second one from the
-//! next plan, computed from the state the first one left.
+//! randomness. Ties are broken by a fixed hash of zone, rack or node and its
+//! load (see `scatter`: this is what keeps replica sets from clumping), then
+//! by name or position in `nodes`, so one snapshot always gives one plan. The
+//! scheduler executes a plan and asks again; a plan touches each tablet at
+//! most once, so a tablet that needs two steps (two dead voters, say) gets
+//! the second one from the next plan, computed from the state the first one
+//! left.
 //!
 //! # The domain rule
 //!
@@ -31,8 +33,8 @@
 //!
 //! Every voter a planner chooses is in a domain, at that level, that no other
 //! voter of the tablet occupies. Below the level voters are still spread as
-//! widely as they can be: at rack level a tablet spans as many zones as the
-//! cell has, at node level as many zones and racks.
+//! widely as they can be: at rack level a tablet spans as many zones as it
+//! can, at node level as many zones and then racks.
 //!
 //! The level comes from the members, not from the `Up` nodes, so losing every
 //! `Up` node of a zone does not quietly relax the rule. Repair then leaves the
@@ -176,6 +178,12 @@ impl fmt::Display for DomainLevel {
     }
 }
 
+/// Why a placement request was refused. Each variant names the ids involved.
+///
+/// This is `PlacementError` beside the logic rather than `error::Error`: the
+/// name is the one the scheduler is being written against, and placement
+/// refusals are a vocabulary of their own that the crate's eventual `Error`
+/// can wrap.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlacementError {
     #[error("replication must be at least 1, got {replication}")]
@@ -275,8 +283,9 @@ impl Cluster<'_> {
     ///   missing from the snapshot: replace it;
     /// - else a voter on a `Draining` node: replace it.
     ///
-    /// Targets are `Up` nodes chosen as in [`Cluster::place_new`]. Tablets with
-    /// more voters than `replication` are left alone: shrinking is not a move.
+    /// Targets are `Up` nodes chosen as in [`Cluster::place_new`]. A tablet
+    /// with more voters than `replication` still gets its bad voters
+    /// replaced, but never loses one: a `Move` cannot express a removal.
     pub fn repair(&self) -> RepairPlan {
         let topo = Topology::new(self.nodes, self.replication);
         let mut loads = Loads::new(&topo, self.tablets);
@@ -339,9 +348,9 @@ impl Cluster<'_> {
         }
         let total: u64 = up.iter().map(|&n| balancer.loads.count[n]).sum();
         let cap_total: u64 = up.iter().map(|&n| balancer.loads.cap[n]).sum();
-        let bands: HashMap<usize, (u64, u64)> = up
-            .iter()
-            .map(|&n| (n, band(total, cap_total, balancer.loads.cap[n], tolerance)))
+        // Indexed by node; only `Up` entries are read.
+        let bands: Vec<(u64, u64)> = (0..self.nodes.len())
+            .map(|n| band(total, cap_total, balancer.loads.cap[n], tolerance))
             .collect();
         let mut stuck = vec![false; self.nodes.len()];
         while balancer.moves.len() < max_moves {
@@ -350,7 +359,7 @@ impl Cluster<'_> {
             let free = up.iter().copied().filter(|&n| !stuck[n]);
             let over = free
                 .clone()
-                .filter(|&n| count[n] > bands[&n].1)
+                .filter(|&n| count[n] > bands[n].1)
                 .max_by(|&a, &b| cmp_ratio(count[a], cap[a], count[b], cap[b]).then(b.cmp(&a)));
             if let Some(s) = over {
                 if !balancer.shed(s, &up) {
@@ -359,7 +368,7 @@ impl Cluster<'_> {
                 continue;
             }
             let under = free
-                .filter(|&n| count[n] < bands[&n].0)
+                .filter(|&n| count[n] < bands[n].0)
                 .min_by(|&a, &b| cmp_ratio(count[a], cap[a], count[b], cap[b]).then(a.cmp(&b)));
             if let Some(d) = under {
                 if !balancer.gain(d, &up) {
@@ -397,9 +406,9 @@ impl Cluster<'_> {
         }
         let total: u64 = up.iter().map(|&n| balancer.count[n]).sum();
         let cap_total: u64 = up.iter().map(|&n| balancer.cap[n]).sum();
-        let bands: HashMap<usize, (u64, u64)> = up
-            .iter()
-            .map(|&n| (n, band(total, cap_total, balancer.cap[n], tolerance)))
+        // Indexed by node; only `Up` entries are read.
+        let bands: Vec<(u64, u64)> = (0..self.nodes.len())
+            .map(|n| band(total, cap_total, balancer.cap[n], tolerance))
             .collect();
         let mut stuck = vec![false; self.nodes.len()];
         loop {
@@ -408,7 +417,7 @@ impl Cluster<'_> {
             let free = up.iter().copied().filter(|&n| !stuck[n]);
             let over = free
                 .clone()
-                .filter(|&n| count[n] > bands[&n].1)
+                .filter(|&n| count[n] > bands[n].1)
                 .max_by(|&a, &b| cmp_ratio(count[a], cap[a], count[b], cap[b]).then(b.cmp(&a)));
             if let Some(s) = over {
                 if !balancer.shed(s) {
@@ -417,7 +426,7 @@ impl Cluster<'_> {
                 continue;
             }
             let under = free
-                .filter(|&n| count[n] < bands[&n].0)
+                .filter(|&n| count[n] < bands[n].0)
                 .min_by(|&a, &b| cmp_ratio(count[a], cap[a], count[b], cap[b]).then(a.cmp(&b)));
             if let Some(d) = under {
                 if !balancer.gain(d) {
@@ -560,7 +569,11 @@ fn replacement(
 /// `total`, widened to the whole numbers on either side of the share when the
 /// tolerance is narrower than that (a share of 2.5 gives at least `[2, 3]`),
 /// because counts are whole and must add up to `total`.
-fn band(total: u64, cap_total: u64, cap: u64, tolerance: f64) -> (u64, u64) {
+///
+/// `total` and `cap_total` are summed over the `Up` nodes; the planners use
+/// this for replica and leader counts, and a status page can use it to say
+/// which nodes are out of balance.
+pub fn band(total: u64, cap_total: u64, cap: u64, tolerance: f64) -> (u64, u64) {
     // Absorbs float error at exact boundaries (150 * 1.05 is 157.50000000000003).
     const SLACK: f64 = 1e-9;
     let tolerance = if tolerance.is_finite() && tolerance > 0.0 {
@@ -734,18 +747,37 @@ impl<'a> Topology<'a> {
     }
 }
 
-/// A node ranked by `num / cap`, ties broken by index.
+/// A node ranked by `num / cap`, ties broken by `salt` and then index.
 #[derive(Debug, Clone, Copy)]
 struct Ranked {
     num: u64,
     cap: u64,
+    salt: u64,
     idx: usize,
 }
 
 impl Ord for Ranked {
     fn cmp(&self, other: &Self) -> Ordering {
-        cmp_ratio(self.num, self.cap, other.num, other.cap).then(self.idx.cmp(&other.idx))
+        cmp_ratio(self.num, self.cap, other.num, other.cap)
+            .then(self.salt.cmp(&other.salt))
+            .then(self.idx.cmp(&other.idx))
     }
+}
+
+/// A fixed pseudo-random order among equally loaded nodes that changes each
+/// time a node's count does (splitmix64's finalizer over id and count).
+///
+/// Breaking ties by position instead makes every rack hand out its nodes in
+/// the same order, so the k-th node of one rack keeps landing in tablets with
+/// the k-th node of the others: few distinct replica sets, and losing one
+/// such node per zone takes the majority of hundreds of tablets at once.
+fn scatter(id: NodeId, count: u64) -> u64 {
+    let mut x = id
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        .wrapping_add(count.wrapping_mul(0xbf58_476d_1ce4_e5b9));
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
 }
 
 impl PartialOrd for Ranked {
@@ -821,8 +853,22 @@ impl<'t> Loads<'t> {
         Ranked {
             num: self.count[n] + 1,
             cap: self.cap[n],
+            salt: scatter(self.topo.nodes[n].id, self.count[n]),
             idx: n,
         }
+    }
+
+    /// Tie-breaks among equally loaded zones and racks, for the same reason
+    /// as among nodes (see [`scatter`]): in index order, every zone would
+    /// hand out its racks in step with the others, pairing rack k of one
+    /// zone with rack k of the next. The seeds keep zone, rack and node
+    /// sequences apart.
+    fn zone_salt(&self, zone: usize) -> u64 {
+        scatter(!(zone as u64), self.zone_count[zone])
+    }
+
+    fn rack_salt(&self, rack: usize) -> u64 {
+        scatter(!(rack as u64) ^ 0x5bd1_e995, self.rack_count[rack])
     }
 
     fn add(&mut self, n: usize) {
@@ -870,14 +916,18 @@ impl<'t> Loads<'t> {
                     continue;
                 }
                 let better = best.is_none_or(|(best_shared, b)| {
-                    shared.cmp(&best_shared).then_with(|| {
-                        cmp_ratio(
-                            self.zone_count[zone] + 1,
-                            self.zone_cap[zone],
-                            self.zone_count[b] + 1,
-                            self.zone_cap[b],
-                        )
-                    }) == Ordering::Less
+                    shared
+                        .cmp(&best_shared)
+                        .then_with(|| {
+                            cmp_ratio(
+                                self.zone_count[zone] + 1,
+                                self.zone_cap[zone],
+                                self.zone_count[b] + 1,
+                                self.zone_cap[b],
+                            )
+                        })
+                        .then_with(|| self.zone_salt(zone).cmp(&self.zone_salt(b)))
+                        == Ordering::Less
                 });
                 if better {
                     best = Some((shared, zone));
@@ -904,14 +954,18 @@ impl<'t> Loads<'t> {
                 continue;
             }
             let better = best.is_none_or(|(best_shared, b)| {
-                shared.cmp(&best_shared).then_with(|| {
-                    cmp_ratio(
-                        self.rack_count[rack] + 1,
-                        self.rack_cap[rack],
-                        self.rack_count[b] + 1,
-                        self.rack_cap[b],
-                    )
-                }) == Ordering::Less
+                shared
+                    .cmp(&best_shared)
+                    .then_with(|| {
+                        cmp_ratio(
+                            self.rack_count[rack] + 1,
+                            self.rack_cap[rack],
+                            self.rack_count[b] + 1,
+                            self.rack_cap[b],
+                        )
+                    })
+                    .then_with(|| self.rack_salt(rack).cmp(&self.rack_salt(b)))
+                    == Ordering::Less
             });
             if better {
                 best = Some((shared, rack));
