@@ -494,10 +494,7 @@ pub async fn run_tablet(cmd: TabletCommand) -> anyhow::Result<()> {
                 expect_generation,
             };
             let i = a
-                .call(|mut c| {
-                    let req = req.clone();
-                    async move { c.move_tablet(req).await }
-                })
+                .call(|mut c| async move { c.move_tablet(req).await })
                 .await?;
             report_intent(&a, i, wait, target.json).await
         }
@@ -510,10 +507,7 @@ pub async fn run_tablet(cmd: TabletCommand) -> anyhow::Result<()> {
             let a = admin(&target)?;
             let req = pb::TransferLeaderRequest { tablet: id, to };
             let i = a
-                .call(|mut c| {
-                    let req = req.clone();
-                    async move { c.transfer_leader(req).await }
-                })
+                .call(|mut c| async move { c.transfer_leader(req).await })
                 .await?;
             report_intent(&a, i, wait, target.json).await
         }

@@ -33,7 +33,7 @@ enum Command {
     /// Run a single-node cell on embedded defaults (plaintext, loopback).
     Dev(DevArgs),
     /// Run a storage node, a controller, or both (`--roles`).
-    Server(ServerArgs),
+    Server(Box<ServerArgs>),
     /// Create and inspect a controller-managed cell.
     #[command(subcommand)]
     Cell(cellops::CellCommand),

@@ -905,12 +905,11 @@ impl pb::controller_server::Controller for Api {
         let c = &self.0;
         c.require_leader()?;
         let req = request.into_inner();
-        if !c
-            .quorum
+        if c.quorum
             .state()
             .nodes
             .get(&req.to)
-            .is_some_and(|n| n.placement_state() == NodeState::Up)
+            .is_none_or(|n| n.placement_state() != NodeState::Up)
         {
             return Err(refuse("to", format!("node {} is not an up node", req.to)));
         }

@@ -333,10 +333,10 @@ impl CellState {
                         t.intent
                     ));
                 }
-                if !self
+                if self
                     .nodes
                     .get(&to)
-                    .is_some_and(|n| n.placement_state() == NodeState::Up)
+                    .is_none_or(|n| n.placement_state() != NodeState::Up)
                 {
                     return Reply::Refused(format!("node {to} is not an up node"));
                 }

@@ -168,7 +168,8 @@ async fn three_replicas_agree_on_segments_and_survive_a_cut_leader() {
         let ids: Vec<Vec<String>> = nodes
             .iter()
             .map(|n| {
-                let data = n.replica(tablet).unwrap().tablet.read();
+                let replica = n.replica(tablet).unwrap();
+                let data = replica.tablet.read();
                 data.segments.iter().map(|(r, _)| r.id.clone()).collect()
             })
             .collect();
@@ -183,7 +184,8 @@ async fn three_replicas_agree_on_segments_and_survive_a_cut_leader() {
         let mut rows = 0;
         for _ in 0..200 {
             rows = {
-                let data = n.replica(tablet).unwrap().tablet.read();
+                let replica = n.replica(tablet).unwrap();
+                let data = replica.tablet.read();
                 data.scan_key("rep/ns", key.as_bytes(), 0, u64::MAX, None, 1000)
                     .unwrap()
                     .len()

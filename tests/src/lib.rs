@@ -5,6 +5,7 @@
 //! `scripts/test` does), or `$STELE_BIN`.
 
 pub mod cell;
+pub mod controlled;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -1,0 +1,334 @@
+//! A controller-managed cell of real processes on loopback: `C` controllers
+//! (`stele server --roles controller`) and `N` storage nodes that register
+//! with them, plus a writer that appends unique records throughout a test
+//! and the check that every acknowledged record is there exactly once.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use stele_client::Client;
+
+use crate::{Proc, free_port_base, run};
+
+pub struct ControlledCell {
+    pub dir: tempfile::TempDir,
+    pub controllers: usize,
+    pub nodes: usize,
+    base: u16,
+    /// Zone label of each node (index n - 1).
+    pub zones: Vec<String>,
+    /// Extra controller flags (`--lease-ms`, ...).
+    pub controller_flags: Vec<String>,
+}
+
+impl ControlledCell {
+    /// Certificates for `nodes` nodes; zones `z1..` unless set later.
+    pub fn new(controllers: usize, nodes: usize) -> ControlledCell {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca");
+        assert!(run(&["cert", "init", "--out", ca.to_str().unwrap()]).0);
+        for n in 1..=nodes {
+            let out = dir.path().join(format!("certs{n}"));
+            let (ok, _, err) = run(&[
+                "cert",
+                "node",
+                "--ca",
+                ca.to_str().unwrap(),
+                "--node-id",
+                &n.to_string(),
+                "--out",
+                out.to_str().unwrap(),
+            ]);
+            assert!(ok, "{err}");
+        }
+        ControlledCell {
+            dir,
+            controllers,
+            nodes,
+            base: free_port_base((controllers + nodes) as u16),
+            zones: (1..=nodes).map(|n| format!("z{n}")).collect(),
+            controller_flags: vec![
+                "--lease-ms".into(),
+                "3000".into(),
+                "--repair-grace-ms".into(),
+                "1000".into(),
+            ],
+        }
+    }
+
+    pub fn controller_endpoint(&self, c: usize) -> String {
+        format!("http://127.0.0.1:{}", self.base + c as u16 - 1)
+    }
+
+    /// Every controller endpoint, comma-separated (the CLI's --controllers).
+    pub fn controllers_arg(&self) -> String {
+        (1..=self.controllers)
+            .map(|c| self.controller_endpoint(c))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    pub fn controller_endpoints(&self) -> Vec<String> {
+        (1..=self.controllers)
+            .map(|c| self.controller_endpoint(c))
+            .collect()
+    }
+
+    fn node_port(&self, n: usize) -> u16 {
+        self.base + (self.controllers + n) as u16 - 1
+    }
+
+    pub fn node_endpoint(&self, n: usize) -> String {
+        format!("http://127.0.0.1:{}", self.node_port(n))
+    }
+
+    pub fn data_dir(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub fn start_controller(&self, c: usize) -> Proc {
+        let mut args: Vec<String> = vec![
+            "server".into(),
+            "--roles".into(),
+            "controller".into(),
+            "--controller-id".into(),
+            c.to_string(),
+            "--listen".into(),
+            format!("127.0.0.1:{}", self.base + c as u16 - 1),
+            "--data-dir".into(),
+            self.data_dir(&format!("ctl{c}")).to_str().unwrap().into(),
+        ];
+        args.extend(self.controller_flags.iter().cloned());
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        Proc::start(&a, &[]).unwrap_or_else(|e| panic!("controller {c}: {e}"))
+    }
+
+    pub fn start_node(&self, n: usize) -> Proc {
+        let args: Vec<String> = vec![
+            "server".into(),
+            "--node-id".into(),
+            n.to_string(),
+            "--listen".into(),
+            format!("127.0.0.1:{}", self.node_port(n)),
+            "--peer-listen".into(),
+            format!("127.0.0.1:{}", self.node_port(n) + 100),
+            "--data-dir".into(),
+            self.data_dir(&format!("node{n}")).to_str().unwrap().into(),
+            "--certs".into(),
+            self.dir
+                .path()
+                .join(format!("certs{n}"))
+                .to_str()
+                .unwrap()
+                .into(),
+            "--controllers".into(),
+            self.controllers_arg(),
+            "--zone".into(),
+            self.zones[n - 1].clone(),
+            "--heartbeat-ms".into(),
+            "500".into(),
+            "--election-timeout-ms".into(),
+            "1500".into(),
+            "--memtable-bytes-max".into(),
+            "65536".into(),
+            "--disk-reserve-bytes".into(),
+            "0".into(),
+            "--journal-reserve-bytes".into(),
+            "0".into(),
+        ];
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        Proc::start(&a, &[]).unwrap_or_else(|e| panic!("node {n}: {e}"))
+    }
+
+    /// Starts every controller and node, creates the cell and waits until
+    /// every tablet has its voters and a leader.
+    pub fn start(&self, tablets: u32) -> (HashMap<usize, Proc>, HashMap<usize, Proc>) {
+        let controllers: HashMap<usize, Proc> = (1..=self.controllers)
+            .map(|c| (c, self.start_controller(c)))
+            .collect();
+        // A controlled node listens at once (its replicas come later).
+        let nodes: HashMap<usize, Proc> =
+            (1..=self.nodes).map(|n| (n, self.start_node(n))).collect();
+        let replication = if self.nodes >= 3 { "3" } else { "1" };
+        let (ok, out, err) = run(&[
+            "cell",
+            "init",
+            "--controllers",
+            &self.controllers_arg(),
+            "--tablets",
+            &tablets.to_string(),
+            "--replication",
+            replication,
+        ]);
+        assert!(ok, "cell init: {out}{err}");
+        self.wait_settled(Duration::from_secs(60));
+        (controllers, nodes)
+    }
+
+    /// `stele tablet list --json`.
+    pub fn tablets(&self) -> Vec<serde_json::Value> {
+        self.json(&["tablet", "list"])
+    }
+
+    /// `stele node list --json`.
+    pub fn node_list(&self) -> Vec<serde_json::Value> {
+        self.json(&["node", "list"])
+    }
+
+    /// Runs an operator command with `--controllers ... --json` and parses
+    /// its output.
+    pub fn json<T: serde::de::DeserializeOwned>(&self, args: &[&str]) -> T {
+        let (ok, out, err) = self.cli(args);
+        assert!(ok, "{args:?}: {out}{err}");
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
+    }
+
+    /// Runs an operator command with `--controllers ... --json`.
+    pub fn cli(&self, args: &[&str]) -> (bool, String, String) {
+        let ctl = self.controllers_arg();
+        let mut a: Vec<&str> = args.to_vec();
+        a.extend(["--controllers", &ctl, "--json"]);
+        run(&a)
+    }
+
+    /// Waits until every tablet has `replication` voters, none leaving, a
+    /// leader, and no open intent.
+    pub fn wait_settled(&self, timeout: Duration) {
+        let started = Instant::now();
+        loop {
+            let (ok, out, _) = self.cli(&["tablet", "list"]);
+            if ok && let Ok(ts) = serde_json::from_str::<Vec<serde_json::Value>>(&out) {
+                let settled = !ts.is_empty()
+                    && ts.iter().all(|t| {
+                        let replicas = t["replicas"].as_array().unwrap();
+                        replicas.len() == 3.min(self.nodes)
+                            && replicas.iter().all(|r| r["role"] == "voter")
+                            && t["leader_node"].as_u64().unwrap_or(0) != 0
+                            && t["intent"].as_u64() == Some(0)
+                    });
+                if settled {
+                    return;
+                }
+            }
+            assert!(
+                started.elapsed() < timeout,
+                "cell not settled after {timeout:?}: {out}"
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+}
+
+/// The voters' nodes of a tablet in `tablet list --json` output.
+pub fn voter_nodes(t: &serde_json::Value) -> Vec<u64> {
+    t["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["role"] == "voter")
+        .map(|r| r["node"].as_u64().unwrap())
+        .collect()
+}
+
+/// Appends unique records from `workers` tasks until stopped, through a
+/// client that routes by the controllers' route map.
+pub struct Writer {
+    stop: Arc<AtomicBool>,
+    pub acked: Arc<Mutex<Vec<String>>>,
+    pub indeterminate: Arc<Mutex<Vec<String>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    pub namespace: String,
+}
+
+impl Writer {
+    pub async fn start(client: Client, namespace: &str, workers: usize) -> Writer {
+        let stop = Arc::new(AtomicBool::new(false));
+        let acked = Arc::new(Mutex::new(Vec::new()));
+        let indeterminate = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for w in 0..workers {
+            let (stop, acked, ind, client) = (
+                stop.clone(),
+                acked.clone(),
+                indeterminate.clone(),
+                client.clone(),
+            );
+            let ns = namespace.to_string();
+            tasks.push(tokio::spawn(async move {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let v = format!("w{w}-{i}");
+                    let rec = stele_client::record(
+                        format!("k{w}-{}", i % 64),
+                        i + 1,
+                        v.clone().into_bytes(),
+                    );
+                    match client.append(&ns, vec![rec]).await {
+                        Ok(_) => acked.lock().unwrap().push(v),
+                        Err(e) => {
+                            if ind.lock().unwrap().len() < 3 {
+                                eprintln!("writer {w}: append {v} failed: {e}");
+                            }
+                            ind.lock().unwrap().push(v)
+                        }
+                    }
+                    i += 1;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }));
+        }
+        Writer {
+            stop,
+            acked,
+            indeterminate,
+            tasks,
+            namespace: namespace.into(),
+        }
+    }
+
+    pub fn acked_count(&self) -> usize {
+        self.acked.lock().unwrap().len()
+    }
+
+    /// Stops the workers and checks, through `client`, that every
+    /// acknowledged record is present exactly once and nothing else is
+    /// (an indeterminate append may be present, once).
+    pub async fn stop_and_check(self, client: &Client) -> usize {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.tasks {
+            t.await.unwrap();
+        }
+        let rows = client
+            .scan_all(
+                &self.namespace,
+                0,
+                0,
+                b"",
+                stele_client::ReadOptions::default(),
+            )
+            .await
+            .expect("read back");
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        for r in &rows {
+            *seen
+                .entry(String::from_utf8_lossy(&r.value).into_owned())
+                .or_default() += 1;
+        }
+        let acked = self.acked.lock().unwrap().clone();
+        let maybe: HashSet<String> = self.indeterminate.lock().unwrap().iter().cloned().collect();
+        let lost: Vec<&String> = acked.iter().filter(|v| !seen.contains_key(*v)).collect();
+        assert!(lost.is_empty(), "acknowledged records lost: {lost:?}");
+        let doubled: Vec<(&String, &usize)> = seen.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(doubled.is_empty(), "records doubled: {doubled:?}");
+        let acked_set: HashSet<&String> = acked.iter().collect();
+        let phantom: Vec<&String> = seen
+            .keys()
+            .filter(|v| !acked_set.contains(v) && !maybe.contains(*v))
+            .collect();
+        assert!(phantom.is_empty(), "records never written: {phantom:?}");
+        acked.len()
+    }
+}
