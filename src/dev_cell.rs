@@ -1,9 +1,14 @@
 //! `stele dev --nodes N` (N > 1): a whole cell on loopback, one `stele
-//! server` child process per node, certificates made on first start.
+//! server` child process per node, certificates made on first start. Node
+//! 1's process also runs the cell's one controller; every node registers
+//! with it, and the controller places each tablet's voters (3 when N >= 3,
+//! else 1) once the nodes are up.
 //!
 //! ```text
 //! <data>/certs/ca, <data>/certs/node-<i>     cell CA and node certificates
 //! <data>/node-<i>/                           each node's data directory
+//! <data>/node-1/controller/                  the controller's quorum log
+//! controller  http://127.0.0.1:<port>        (node 1's client port)
 //! client API  127.0.0.1:<port + i - 1>       (port from --listen)
 //! peer QUIC   127.0.0.1:<port + 100 + i - 1>
 //! ```
@@ -53,6 +58,27 @@ fn terminate(child: &Child) {
     }
 }
 
+/// Creates the cell through its controller (nothing when it exists).
+async fn init_cell(controller: &str, tablets: u32, replication: u32) -> anyhow::Result<bool> {
+    let admin = stele_client::admin::Admin::new(vec![controller.to_string()])?;
+    let req = stele_proto::pb::InitRequest {
+        controllers: vec![stele_proto::pb::ControllerPeer {
+            id: 1,
+            endpoint: controller.to_string(),
+        }],
+        tablets,
+        replication,
+        cell_id: "dev".into(),
+    };
+    let resp = admin
+        .call(|mut c| {
+            let req = req.clone();
+            async move { c.init(req).await }
+        })
+        .await?;
+    Ok(resp.created)
+}
+
 /// Runs the cell until Ctrl-C or SIGTERM, then stops every node.
 pub async fn run(
     data_dir: &Path,
@@ -77,30 +103,24 @@ pub async fn run(
     let exe = std::env::current_exe().context("locate the stele binary")?;
     let mut children: Vec<(u64, Child)> = Vec::new();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(u64, String)>();
+    let controller = format!("http://{}", client(1));
     for n in 1..=nodes {
-        let others: Vec<u64> = (1..=nodes).filter(|m| *m != n).collect();
-        let peers = others
-            .iter()
-            .map(|m| format!("{m}={}", peer(*m)))
-            .collect::<Vec<_>>()
-            .join(",");
-        let endpoints = others
-            .iter()
-            .map(|m| format!("{m}=http://{}", client(*m)))
-            .collect::<Vec<_>>()
-            .join(",");
         let mut cmd = Command::new(&exe);
-        cmd.arg("server")
-            .args(["--node-id", &n.to_string()])
+        cmd.arg("server");
+        if n == 1 {
+            // The cell's one controller lives in node 1's process.
+            cmd.args(["--roles", "node,controller", "--controller-id", "1"]);
+        }
+        cmd.args(["--node-id", &n.to_string()])
             .args(["--listen", &client(n).to_string()])
             .args(["--peer-listen", &peer(n).to_string()])
             .arg("--data-dir")
             .arg(data_dir.join(format!("node-{n}")))
             .arg("--certs")
             .arg(certs.join(format!("node-{n}")))
-            .args(["--peers", &peers])
-            .args(["--peer-endpoints", &endpoints])
-            .args(["--tablets", &flags.tablets.to_string()])
+            .args(["--controllers", &controller])
+            // One machine, one zone: placement keeps voters on distinct nodes.
+            .args(["--zone", "dev"])
             .args(&flags.tuning)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -130,6 +150,17 @@ pub async fn run(
                         up += 1;
                         let endpoint = rest.split_whitespace().next().unwrap_or_default();
                         say(format_args!("stele dev: node {n} listening on {endpoint} ({up}/{nodes} up)"));
+                        if up == nodes {
+                            let replication = if nodes >= 3 { 3 } else { 1 };
+                            match init_cell(&controller, flags.tablets, replication).await {
+                                Ok(created) => say(format_args!(
+                                    "stele dev: cell {} ({} tablets, replication {replication}); controller at {controller}",
+                                    if created { "created" } else { "reopened" },
+                                    flags.tablets
+                                )),
+                                Err(e) => break Err(e.context("create the dev cell")),
+                            }
+                        }
                     } else {
                         say(format_args!("node {n}: {line}"));
                     }

@@ -1,6 +1,7 @@
 //! `stele dev --nodes 3`: the one command that runs a replicated cell on
-//! loopback. It must come up, take writes on any node, replicate them, and
-//! stop every node it started.
+//! loopback, with its controller. It must come up, place every tablet on
+//! all three nodes, take writes through any node and through the
+//! controller's route map, replicate them, and stop every node it started.
 
 use std::net::TcpListener;
 use std::time::Duration;
@@ -37,7 +38,7 @@ async fn dev_nodes_3_runs_a_replicated_cell_and_stops_it() {
         if let Ok(c) = Client::connect(&endpoints[2], ClientOptions::default()).await
             && c.list_tablets()
                 .await
-                .is_ok_and(|ts| ts.iter().all(|t| t.leader_node != 0))
+                .is_ok_and(|ts| ts.len() == 4 && ts.iter().all(|t| t.leader_node != 0))
         {
             client = Some(c);
             break;
@@ -47,6 +48,27 @@ async fn dev_nodes_3_runs_a_replicated_cell_and_stops_it() {
     let client = client.expect("the dev cell never had leaders for every tablet");
     for i in 0..20u64 {
         client
+            .append(
+                "dev/cell",
+                vec![stele_client::record(format!("k{i}"), i, b"v".to_vec())],
+            )
+            .await
+            .unwrap();
+    }
+    // The controller's view, and writes routed by its route map.
+    let ctl = endpoints[0].clone();
+    let (ok, out, err) = stele_tests::run(&["cell", "status", "--controllers", &ctl, "--json"]);
+    assert!(ok, "{err}");
+    let cs: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(cs["nodes_up"], 3, "{cs}");
+    assert_eq!(cs["tablets"], 4, "{cs}");
+    assert_eq!(cs["tablets_unplaced"], 0, "{cs}");
+    let routed = Client::connect_cell(std::slice::from_ref(&ctl), ClientOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(routed.routes().len(), 4);
+    for i in 20..30u64 {
+        routed
             .append(
                 "dev/cell",
                 vec![stele_client::record(format!("k{i}"), i, b"v".to_vec())],
@@ -65,12 +87,12 @@ async fn dev_nodes_3_runs_a_replicated_cell_and_stops_it() {
         let mut n = 0;
         for _ in 0..50 {
             n = c.scan_all("dev/cell", 0, 0, b"", read).await.unwrap().len();
-            if n == 20 {
+            if n == 30 {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        assert_eq!(n, 20, "{e} does not hold every record");
+        assert_eq!(n, 30, "{e} does not hold every record");
     }
     // At most one QUIC connection per node pair, shared by every tablet
     // group (connections are made on first use: two followers that never
