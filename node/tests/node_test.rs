@@ -34,10 +34,14 @@ fn options(dir: &std::path::Path) -> NodeOptions {
 }
 
 async fn start(opts: NodeOptions) -> Running {
+    let controlled = opts.controlled;
     let node = Node::open(opts).await.expect("open node");
-    node.wait_ready(Duration::from_secs(20))
-        .await
-        .expect("ready");
+    // A controlled node's replicas wait for their controller and peers.
+    if !controlled {
+        node.wait_ready(Duration::from_secs(20))
+            .await
+            .expect("ready");
+    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let cancel = CancellationToken::new();
@@ -633,4 +637,131 @@ async fn a_tablet_holding_back_journal_trim_is_force_sealed() {
 fn futures_like_route(t: &pb::TabletDescriptor, ns: &str, key: &[u8]) -> bool {
     let v = vshard::vshard(ns, key);
     !(v >= t.vshard_lo && u64::from(v) < t.vshard_hi)
+}
+
+/// Waits until this node's replica of `tablet` leads its group.
+async fn wait_leading(node: &Node, tablet: u64) {
+    for _ in 0..200 {
+        if node.replica(tablet).is_some_and(|r| r.is_leader()) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("replica of tablet {tablet} never led");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_come_and_go_and_ids_are_never_reused() {
+    use stele_node::node::ReplicaSpec;
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(dir.path());
+    opts.controlled = true;
+    let mut r = start(opts.clone()).await;
+    assert!(
+        r.tablets().await.is_empty(),
+        "a controlled node starts empty"
+    );
+    let spec = |replica_id: u64| ReplicaSpec {
+        tablet: 7,
+        replica_id,
+        vshard_lo: 0,
+        vshard_hi: 1 << 32,
+        range_generation: 3,
+    };
+    let first = (1 << 16) | 1;
+    r.node
+        .create_replica(&spec(first), Some(&[first]))
+        .await
+        .unwrap();
+    wait_leading(&r.node, 7).await;
+    for i in 0..30u64 {
+        r.append(
+            "life/ns",
+            i as u128,
+            vec![(b"k", i + 1, b"old".to_vec())],
+            None,
+        )
+        .await
+        .unwrap();
+    }
+    assert_eq!(r.scan("life/ns").await.len(), 30);
+    // Moved away: the replica, its rows and its files are gone.
+    let seg_dir = dir.path().join("segments").join("7");
+    assert!(r.node.remove_replica(7, first).await.unwrap());
+    assert!(r.tablets().await.is_empty());
+    assert!(!seg_dir.exists());
+    let err = r
+        .client
+        .append(pb::AppendRequest {
+            tablet: 7,
+            generation: 3,
+            batch_id: 99u128.to_be_bytes().to_vec(),
+            namespace: "life/ns".into(),
+            records: vec![pb::Record {
+                key: b"k".to_vec(),
+                ts: 1,
+                value: b"x".to_vec(),
+                routing_key: None,
+            }],
+            expect: None,
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            ApiError::from_status(&err),
+            ApiError::TabletNotFound { tablet: 7 }
+        ),
+        "{err:?}"
+    );
+    // Its id is never served again, nor is another node's id.
+    let again = r.node.create_replica(&spec(first), Some(&[first])).await;
+    assert!(
+        format!("{:?}", again.err()).contains("never reused"),
+        "a tombstoned replica id was recreated"
+    );
+    let foreign = (9 << 16) | 2;
+    assert!(r.node.create_replica(&spec(foreign), None).await.is_err());
+    // The tablet comes back under a new id, empty, even across a restart
+    // before it hears from any leader (the journal still holds the first
+    // replica's frames).
+    let waiting = (2 << 16) | 1;
+    r.node.create_replica(&spec(waiting), None).await.unwrap();
+    r.stop().await;
+    let mut r = start(opts.clone()).await;
+    let t = r.tablets().await;
+    assert_eq!(t.len(), 1);
+    assert_eq!(
+        t[0].last_log_index, 0,
+        "a new replica inherited a log: {t:?}"
+    );
+    assert!(r.node.replica(7).unwrap().log.is_empty());
+    assert!(r.node.remove_replica(7, waiting).await.unwrap());
+    let second = (3 << 16) | 1;
+    r.node
+        .create_replica(&spec(second), Some(&[second]))
+        .await
+        .unwrap();
+    wait_leading(&r.node, 7).await;
+    for i in 0..5u64 {
+        r.append(
+            "life/ns",
+            1000 + i as u128,
+            vec![(b"k", i + 1, b"new".to_vec())],
+            None,
+        )
+        .await
+        .unwrap();
+    }
+    assert_eq!(r.scan("life/ns").await.len(), 5);
+    r.stop().await;
+    // After a restart the journal still holds the first replica's frames;
+    // they must not come back.
+    let mut r = start(opts).await;
+    wait_leading(&r.node, 7).await;
+    let rows = r.scan("life/ns").await;
+    assert_eq!(rows.len(), 5, "frames of the removed replica replayed");
+    assert!(rows.iter().all(|row| row.value == b"new"));
+    assert_eq!(r.node.replica(7).unwrap().replica_id, second);
+    r.stop().await;
 }
