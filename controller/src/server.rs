@@ -35,6 +35,11 @@ pub struct ControllerOptions {
     pub tick: Duration,
     /// Most intents open at once (moves in flight).
     pub max_intents: usize,
+    /// A move that has not changed the group's voters after this long is
+    /// given up (rolled back); a leader transfer after a tenth of it.
+    pub intent_timeout: Duration,
+    /// How often leaders are rebalanced across nodes (zero: never).
+    pub leader_balance_every: Duration,
     pub timing: QuorumTiming,
 }
 
@@ -48,6 +53,8 @@ impl ControllerOptions {
             repair_grace: Duration::from_secs(60),
             tick: Duration::from_millis(500),
             max_intents: 16,
+            intent_timeout: Duration::from_secs(120),
+            leader_balance_every: Duration::from_secs(10),
             timing: QuorumTiming::default(),
         }
     }
@@ -60,6 +67,9 @@ struct Health {
     seen: HashMap<u64, Instant>,
     reports: HashMap<u64, Vec<pb::ReplicaReport>>,
     dead_since: HashMap<u64, Instant>,
+    /// When this leader first saw each open intent.
+    intent_seen: HashMap<u64, Instant>,
+    last_leader_balance: Option<Instant>,
 }
 
 pub struct Controller {
@@ -369,14 +379,30 @@ async fn schedule_once(c: &Controller) -> Result<(), Status> {
             Err(e) => tracing::debug!(error = %e, "tablets wait for nodes"),
         }
     }
-    // Open intents: finish what the groups report done.
-    let mut open = 0;
-    for i in s
+    // Open intents: finish what the groups report done, give up what
+    // cannot finish.
+    let pending: Vec<&IntentRec> = s
         .intents
         .values()
         .filter(|i| i.state == IntentState::Pending)
-    {
-        open += 1;
+        .collect();
+    let mut open = pending.len();
+    let ages: HashMap<u64, Duration> = {
+        let mut h = c.health.lock().expect("lock poisoned");
+        h.intent_seen
+            .retain(|id, _| pending.iter().any(|i| i.id == *id));
+        pending
+            .iter()
+            .map(|i| {
+                (
+                    i.id,
+                    now.duration_since(*h.intent_seen.entry(i.id).or_insert(now)),
+                )
+            })
+            .collect()
+    };
+    for i in &pending {
+        let age = ages.get(&i.id).copied().unwrap_or_default();
         let Some(t) = s.tablets.get(&i.tablet) else {
             continue;
         };
@@ -386,27 +412,48 @@ async fn schedule_once(c: &Controller) -> Result<(), Status> {
                 to, new_replica, ..
             } => {
                 let desired: BTreeSet<u64> = t.voters.iter().map(|r| r.replica_id).collect();
-                if let Some(r) = report {
-                    let voters: BTreeSet<u64> = r.voters.iter().copied().collect();
-                    let learners_ok = r.learners.iter().all(|l| desired.contains(l));
-                    if voters == desired && !r.joint && learners_ok {
-                        c.propose(Command::FinishMove { intent: i.id }).await?;
-                        continue;
-                    }
-                    let started = voters.contains(new_replica) || r.joint;
-                    let target_dead = s.nodes.get(to).is_none_or(|n| n.dead);
-                    if target_dead && !started {
-                        c.propose(Command::FailIntent {
-                            intent: i.id,
-                            reason: format!("target node {to} died before the change"),
-                        })
-                        .await?;
-                    }
+                let Some(r) = report else { continue };
+                let voters: BTreeSet<u64> = r.voters.iter().copied().collect();
+                let learners_ok = r.learners.iter().all(|l| desired.contains(l));
+                if voters == desired && !r.joint && learners_ok {
+                    c.propose(Command::FinishMove { intent: i.id }).await?;
+                    open -= 1;
+                    continue;
+                }
+                // Once the group's voters changed, the move only goes
+                // forward: it is never rolled back.
+                let started = voters.contains(new_replica) || r.joint;
+                let reason = if s.nodes.get(to).is_none_or(|n| n.dead) {
+                    Some(format!("target node {to} died before the change"))
+                } else if age > c.opts.intent_timeout {
+                    Some(format!(
+                        "the group did not take its new voter within {:?}",
+                        c.opts.intent_timeout
+                    ))
+                } else {
+                    None
+                };
+                if let (Some(reason), false) = (reason, started) {
+                    tracing::warn!(intent = i.id, tablet = t.id, %reason, "move given up");
+                    c.propose(Command::FailIntent {
+                        intent: i.id,
+                        reason,
+                    })
+                    .await?;
+                    open -= 1;
                 }
             }
-            IntentKind::TransferLeader { .. } => {
+            IntentKind::TransferLeader { to } => {
                 if report.is_some_and(|r| r.replica_id == t.leader_replica) {
                     c.propose(Command::FinishTransfer { intent: i.id }).await?;
+                    open -= 1;
+                } else if age > c.opts.intent_timeout / 10 {
+                    c.propose(Command::FailIntent {
+                        intent: i.id,
+                        reason: format!("node {to} did not take the leadership"),
+                    })
+                    .await?;
+                    open -= 1;
                 }
             }
         }
@@ -472,6 +519,40 @@ async fn schedule_once(c: &Controller) -> Result<(), Status> {
                 );
                 open += 1;
             }
+        }
+    }
+    // Leader balance: a few transfers at a time, every so often, and only
+    // while nothing else is moving.
+    let due = !c.opts.leader_balance_every.is_zero() && {
+        let mut h = c.health.lock().expect("lock poisoned");
+        let due = h
+            .last_leader_balance
+            .is_none_or(|t| now.duration_since(t) >= c.opts.leader_balance_every);
+        if due {
+            h.last_leader_balance = Some(now);
+        }
+        due
+    };
+    if due && open == 0 {
+        let tablets = Controller::tablet_infos(&s, &leaders);
+        let cluster = Cluster {
+            nodes: &nodes,
+            tablets: &tablets,
+            replication,
+        };
+        for tr in cluster.leader_plan(0.10).into_iter().take(4) {
+            tracing::info!(
+                tablet = tr.tablet,
+                from = tr.from,
+                to = tr.to,
+                "leader balance"
+            );
+            c.propose(Command::TransferLeader {
+                tablet: tr.tablet,
+                to: tr.to,
+                reason: "balance".into(),
+            })
+            .await?;
         }
     }
     Ok(())
