@@ -79,6 +79,33 @@ async fn init_cell(controller: &str, tablets: u32, replication: u32) -> anyhow::
     Ok(resp.created)
 }
 
+/// Waits until every tablet has its voters and a leader (the route map
+/// names a leader for each).
+async fn wait_ready(controller: &str, tablets: u32) -> anyhow::Result<()> {
+    let admin = stele_client::admin::Admin::new(vec![controller.to_string()])?;
+    let started = std::time::Instant::now();
+    loop {
+        let routes = admin
+            .call(|mut c| async move {
+                c.get_routes(stele_proto::pb::GetRoutesRequest {
+                    since_generation: 0,
+                })
+                .await
+            })
+            .await?;
+        if routes.tablets.len() == tablets as usize
+            && routes.tablets.iter().all(|t| !t.leader_endpoint.is_empty())
+        {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "the dev cell did not place and elect every tablet within 60 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
 /// Runs the cell until Ctrl-C or SIGTERM, then stops every node.
 pub async fn run(
     data_dir: &Path,
@@ -159,6 +186,10 @@ pub async fn run(
                                     flags.tablets
                                 )),
                                 Err(e) => break Err(e.context("create the dev cell")),
+                            }
+                            match wait_ready(&controller, flags.tablets).await {
+                                Ok(()) => say(format_args!("stele dev: cell ready: every tablet placed and led")),
+                                Err(e) => break Err(e),
                             }
                         }
                     } else {
