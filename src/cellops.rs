@@ -10,8 +10,8 @@ use serde_json::json;
 use stele_client::admin::Admin;
 use stele_proto::pb;
 
-/// Where a local controller listens by default.
-pub const DEFAULT_CONTROLLERS: &str = "http://127.0.0.1:7400";
+/// Where a local controller listens by default (`stele dev --nodes N`).
+pub const DEFAULT_CONTROLLERS: &str = "http://127.0.0.1:7450";
 
 #[derive(Debug, Clone, Args)]
 pub struct Target {
