@@ -43,6 +43,10 @@ pub enum CellCommand {
     Status {
         #[command(flatten)]
         target: Target,
+        /// The first controller's own view, even when it does not lead
+        /// (it may be behind; health figures are the leader's).
+        #[arg(long)]
+        local: bool,
     },
 }
 
@@ -190,12 +194,14 @@ pub async fn run_cell(cmd: CellCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        CellCommand::Status { target } => {
-            let a = admin(&target)?;
-            let s =
-                a.call(|mut c| async move {
-                    c.cell_status(pb::CellStatusRequest { local: false }).await
-                })
+        CellCommand::Status { target, local } => {
+            let a = if local {
+                Admin::new(target.controllers[..1].to_vec())?
+            } else {
+                admin(&target)?
+            };
+            let s = a
+                .call(|mut c| async move { c.cell_status(pb::CellStatusRequest { local }).await })
                 .await?;
             if target.json {
                 println!(

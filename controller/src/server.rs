@@ -324,6 +324,8 @@ async fn schedule_once(c: &Controller) -> Result<(), Status> {
         let mut h = c.health.lock().expect("lock poisoned");
         if h.leading.map(|(t, _)| t) != Some(term) {
             h.leading = Some((term, now));
+            // Leaders settle after a failover before any is rebalanced.
+            h.last_leader_balance = Some(now);
             for id in s.nodes.keys() {
                 h.seen.insert(*id, now);
             }

@@ -186,6 +186,25 @@ impl ControlledCell {
         serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
     }
 
+    /// [`ControlledCell::json`] for a topology command, retried while the
+    /// tablet is busy with another intent (a leader-balance transfer), as an
+    /// operator would.
+    pub fn json_retrying_busy(&self, args: &[&str]) -> serde_json::Value {
+        let started = Instant::now();
+        loop {
+            let (ok, out, err) = self.cli(args);
+            if ok {
+                return serde_json::from_str(&out)
+                    .unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"));
+            }
+            assert!(
+                err.contains("in progress") && started.elapsed() < Duration::from_secs(30),
+                "{args:?}: {out}{err}"
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
     /// Runs an operator command with `--controllers ... --json`.
     pub fn cli(&self, args: &[&str]) -> (bool, String, String) {
         let ctl = self.controllers_arg();
