@@ -106,6 +106,19 @@ async fn lost_node_is_repaired_and_lost_controller_stops_no_writes() {
     // Topology operations resume under the new leader.
     let new_leader = leader_controller(&cell);
     assert_ne!(new_leader, leader);
+    // The new leader hears from every live node within a few heartbeats.
+    let up_at = Instant::now();
+    loop {
+        let s: serde_json::Value = cell.json(&["cell", "status"]);
+        if s["nodes_up"] == 4 {
+            break;
+        }
+        assert!(
+            up_at.elapsed() < Duration::from_secs(20),
+            "nodes not up: {s}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     // (A leader-balance transfer may hold a tablet busy for a moment; an
     // operator retries, so does the test.)
     let retry_at = Instant::now();
