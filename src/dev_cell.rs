@@ -176,7 +176,7 @@ pub async fn run(
                     if let Some(rest) = line.split("listening on ").nth(1) {
                         up += 1;
                         let endpoint = rest.split_whitespace().next().unwrap_or_default();
-                        say(format_args!("stele dev: node {n} listening on {endpoint} ({up}/{nodes} up)"));
+                        say(format_args!("stele dev: node {n} up at {endpoint} ({up}/{nodes})"));
                         if up == nodes {
                             let replication = if nodes >= 3 { 3 } else { 1 };
                             match init_cell(&controller, flags.tablets, replication).await {
@@ -188,7 +188,9 @@ pub async fn run(
                                 Err(e) => break Err(e.context("create the dev cell")),
                             }
                             match wait_ready(&controller, flags.tablets).await {
-                                Ok(()) => say(format_args!("stele dev: cell ready: every tablet placed and led")),
+                                Ok(()) => say(format_args!(
+                                    "stele dev: cell ready: listening on {controller} (every tablet placed and led)"
+                                )),
                                 Err(e) => break Err(e),
                             }
                         }

@@ -161,8 +161,10 @@ pub fn run(args: &[&str]) -> (bool, String, String) {
 pub fn free_port_base(n: u16) -> u16 {
     use std::net::{TcpListener, UdpSocket};
     for attempt in 0..500u32 {
-        let seed = (std::process::id() ^ attempt.wrapping_mul(2_654_435_761)) % 30_000;
-        let base = 20_000 + seed as u16;
+        // Below the kernel's ephemeral range (32768 and up by default), so
+        // outgoing connections of other tests never take a port we pick.
+        let seed = (std::process::id() ^ attempt.wrapping_mul(2_654_435_761)) % 22_000;
+        let base = 10_000 + seed as u16;
         let tcp = (0..n).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok());
         let udp = (0..n).all(|i| UdpSocket::bind(("127.0.0.1", base + 100 + i)).is_ok());
         if tcp && udp {
