@@ -197,17 +197,35 @@ async fn operator_commands_under_load_and_bad_input_refused() {
         .unwrap();
     let writer = Writer::start(client.clone(), "ctl/ops", 2).await;
 
-    // A move under load: the generation moves, the client follows.
-    let t = cell.tablets()[1].clone();
+    // A move under load of the writers' own tablet, from its leader's node
+    // when the zone rule allows: the generation moves, the group elects a
+    // leader elsewhere, and the client follows by itself.
+    let (ns_lo, _) = stele_proto::vshard::namespace_range("ctl/ops");
+    let t = cell
+        .tablets()
+        .into_iter()
+        .find(|t| {
+            t["vshard_lo"].as_u64().unwrap() <= u64::from(ns_lo)
+                && u64::from(ns_lo) < t["vshard_hi"].as_u64().unwrap()
+        })
+        .unwrap();
     let id = t["id"].as_u64().unwrap().to_string();
     let voters = voter_nodes(&t);
-    let to = (1..=5u64).find(|n| !voters.contains(n)).unwrap();
-    // Same zone as the target, so the zone rule holds.
     let zone_of = |n: u64| cell.zones[n as usize - 1].clone();
-    let from = *voters
+    let leader = t["leader_node"].as_u64().unwrap();
+    // Same zone as the target, so the zone rule holds; the leader first.
+    let mut froms = voters.clone();
+    froms.sort_by_key(|v| *v != leader);
+    let (from, to) = froms
         .iter()
-        .find(|v| zone_of(**v) == zone_of(to))
-        .unwrap_or(&voters[0]);
+        .find_map(|f| {
+            (1..=5u64)
+                .find(|n| !voters.contains(n) && zone_of(*n) == zone_of(*f))
+                .map(|to| (*f, to))
+        })
+        .expect("a same-zone target");
+    eprintln!("moving tablet {id} from node {from} (leader {leader}) to node {to}");
+    let acked_before = writer.acked_count();
     let i: serde_json::Value = cell.json_retrying_busy(&[
         "tablet",
         "move",
@@ -223,6 +241,24 @@ async fn operator_commands_under_load_and_bad_input_refused() {
     assert!(moved["generation"].as_u64() > t["generation"].as_u64());
     assert!(voter_nodes(&moved).contains(&to));
     assert!(!voter_nodes(&moved).contains(&from));
+    // The writers go on, through whichever node leads now.
+    let after_move = writer.acked_count();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        writer.acked_count() > after_move + 20,
+        "writes stalled after the move ({acked_before} before, {after_move} at its end)"
+    );
+    if from == leader {
+        let route = client
+            .routes()
+            .get(t["id"].as_u64().unwrap())
+            .cloned()
+            .unwrap();
+        assert_ne!(
+            route.leader_node, from,
+            "the client still routes to the removed replica"
+        );
+    }
 
     // Leadership transfer.
     let other = voter_nodes(&moved)
