@@ -243,6 +243,12 @@ fn node_options(
     // One batch is one journal frame: size the frame limit from the batch.
     o.journal.frame_payload_bytes_max = t.batch_bytes_max + o.batch_records_max * 64 + 64 * 1024;
     o.raft = stele_node::raft::RaftTiming::for_election_timeout(t.election_timeout_ms);
+    if std::env::var("STELE_UNSAFE_LOCAL_READS").is_ok_and(|v| v == "1") {
+        tracing::error!(
+            "STELE_UNSAFE_LOCAL_READS=1: linearizable reads skip the read index; this node can serve stale reads (jepsen negative control only)"
+        );
+        o.unsafe_local_reads = true;
+    }
     o
 }
 

@@ -1,8 +1,15 @@
 //! Fault injection against real `stele` processes and history checking.
 //!
-//! Built so far: the history format ([`history`]) and the list-append
-//! checker ([`checker::list_append`]). The runner, nemeses and workloads
-//! come with the jepsen issue; nothing else may depend on this crate.
+//! - [`history`]: the history format (invoke/ok/fail/info events).
+//! - [`checker::list_append`]: the list-append checker.
+//! - [`cell`]: a cell of real `stele server` processes with kill, pause and
+//!   partition (through the transport's peer filter).
+//! - [`run`]: one run: clients, a nemesis, heal, final reads, check, store.
+//!
+//! The `stele-jepsen` binary runs one seeded run or the CI smoke. Nothing
+//! else may depend on this crate.
 
+pub mod cell;
 pub mod checker;
 pub mod history;
+pub mod run;

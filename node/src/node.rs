@@ -68,6 +68,11 @@ pub struct NodeOptions {
     /// ([`crate::agent`]): no tablets are created at start-up, and
     /// `initial_tablets`/`cell_nodes` are unused.
     pub controlled: bool,
+    /// NEGATIVE CONTROL FOR `jepsen/` ONLY: a leader serves linearizable
+    /// reads from its local state without confirming it still leads (no
+    /// read index, no lease). A deposed leader then serves stale reads; the
+    /// harness must catch them. Set only by `STELE_UNSAFE_LOCAL_READS=1`.
+    pub unsafe_local_reads: bool,
 }
 
 impl NodeOptions {
@@ -91,6 +96,7 @@ impl NodeOptions {
             batch_records_max: stele_proto::limits::BATCH_RECORDS_MAX_DEFAULT,
             peer_filter: Default::default(),
             controlled: false,
+            unsafe_local_reads: false,
         }
     }
 

@@ -322,6 +322,10 @@ impl DataService {
         let read = (*read).unwrap_or_default();
         match pb::Consistency::try_from(read.consistency) {
             Ok(pb::Consistency::Linearizable) => {
+                if self.node.options.unsafe_local_reads && r.is_leader() {
+                    // Deliberately unsafe (jepsen negative control).
+                    return Ok(());
+                }
                 r.raft
                     .ensure_linearizable(ReadPolicy::ReadIndex)
                     .await

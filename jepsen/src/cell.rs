@@ -1,0 +1,290 @@
+//! The cell under test: real `stele server` processes on loopback, one per
+//! node, peers over QUIC with mutual TLS, each node's stderr in the run's
+//! store. Partitions go through each node's peer filter file
+//! (`STELE_PEER_BLOCK_FILE`): this machine has no nftables, so the runner
+//! falls back to the transport filter and says so in the results.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+pub struct CellSpec {
+    pub bin: PathBuf,
+    pub nodes: usize,
+    pub tablets: u32,
+    pub election_timeout_ms: u64,
+    /// The negative control: nodes serve leader reads without a read index.
+    pub unsafe_local_reads: bool,
+}
+
+pub struct Cell {
+    pub spec: CellSpec,
+    pub dir: PathBuf,
+    base: u16,
+    procs: BTreeMap<usize, Child>,
+    paused: Vec<usize>,
+}
+
+/// A base port with `n` TCP ports and `n` UDP ports 100 above free, below
+/// the ephemeral range.
+fn free_base(n: u16, seed: u64) -> u16 {
+    use std::net::{TcpListener, UdpSocket};
+    for attempt in 0..500u64 {
+        let base = 10_000
+            + ((seed ^ (attempt * 2_654_435_761) ^ u64::from(std::process::id())) % 22_000) as u16;
+        let tcp = (0..n).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok());
+        let udp = (0..n).all(|i| UdpSocket::bind(("127.0.0.1", base + 100 + i)).is_ok());
+        if tcp && udp {
+            return base;
+        }
+    }
+    panic!("no free loopback ports");
+}
+
+fn run(bin: &Path, args: &[&str]) -> anyhow::Result<()> {
+    let out = Command::new(bin).args(args).output().context("run stele")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "stele {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+#[allow(unsafe_code)]
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: kill(2) on a child process this runner started; no memory
+    // is involved.
+    unsafe {
+        libc::kill(pid as i32, sig);
+    }
+}
+
+impl Cell {
+    /// Makes certificates and starts every node; returns once each answers.
+    pub fn start(spec: CellSpec, dir: &Path, seed: u64) -> anyhow::Result<Cell> {
+        std::fs::create_dir_all(dir)?;
+        let ca = dir.join("ca");
+        run(&spec.bin, &["cert", "init", "--out", ca.to_str().unwrap()])?;
+        for n in 1..=spec.nodes {
+            let out = dir.join(format!("certs{n}"));
+            run(
+                &spec.bin,
+                &[
+                    "cert",
+                    "node",
+                    "--ca",
+                    ca.to_str().unwrap(),
+                    "--node-id",
+                    &n.to_string(),
+                    "--out",
+                    out.to_str().unwrap(),
+                ],
+            )?;
+        }
+        let mut cell = Cell {
+            base: free_base(spec.nodes as u16, seed),
+            spec,
+            dir: dir.to_path_buf(),
+            procs: BTreeMap::new(),
+            paused: Vec::new(),
+        };
+        for n in 1..=cell.spec.nodes {
+            cell.start_node(n)?;
+        }
+        Ok(cell)
+    }
+
+    pub fn endpoint(&self, n: usize) -> String {
+        format!("http://127.0.0.1:{}", self.base + n as u16 - 1)
+    }
+
+    fn block_file(&self, n: usize) -> PathBuf {
+        self.dir.join(format!("block{n}"))
+    }
+
+    pub fn start_node(&mut self, n: usize) -> anyhow::Result<()> {
+        let nodes = self.spec.nodes;
+        let peers: Vec<String> = (1..=nodes)
+            .filter(|m| *m != n)
+            .map(|m| format!("{m}=127.0.0.1:{}", self.base + 100 + m as u16 - 1))
+            .collect();
+        let endpoints: Vec<String> = (1..=nodes)
+            .filter(|m| *m != n)
+            .map(|m| format!("{m}={}", self.endpoint(m)))
+            .collect();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("node{n}.log")))?;
+        let mut cmd = Command::new(&self.spec.bin);
+        cmd.arg("server")
+            .args(["--node-id", &n.to_string()])
+            .args([
+                "--listen",
+                &format!("127.0.0.1:{}", self.base + n as u16 - 1),
+            ])
+            .args([
+                "--peer-listen",
+                &format!("127.0.0.1:{}", self.base + 100 + n as u16 - 1),
+            ])
+            .arg("--data-dir")
+            .arg(self.dir.join(format!("data{n}")))
+            .arg("--certs")
+            .arg(self.dir.join(format!("certs{n}")))
+            .args(["--peers", &peers.join(",")])
+            .args(["--peer-endpoints", &endpoints.join(",")])
+            .args(["--tablets", &self.spec.tablets.to_string()])
+            .args([
+                "--election-timeout-ms",
+                &self.spec.election_timeout_ms.to_string(),
+            ])
+            .args(["--memtable-bytes-max", "65536"])
+            .args(["--disk-reserve-bytes", "0", "--journal-reserve-bytes", "0"])
+            .env("STELE_PEER_BLOCK_FILE", self.block_file(n))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        if self.spec.unsafe_local_reads {
+            cmd.env("STELE_UNSAFE_LOCAL_READS", "1");
+        }
+        let child = cmd.spawn().with_context(|| format!("start node {n}"))?;
+        self.procs.insert(n, child);
+        Ok(())
+    }
+
+    /// Waits until node `n` answers gRPC (its tablets may still elect).
+    pub async fn wait_serving(&self, n: usize, timeout: Duration) -> bool {
+        let started = Instant::now();
+        while started.elapsed() < timeout {
+            if let Ok(mut c) =
+                stele_proto::pb::data_client::DataClient::connect(self.endpoint(n)).await
+                && c.status(stele_proto::pb::StatusRequest {}).await.is_ok()
+            {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    }
+
+    pub fn kill(&mut self, n: usize) {
+        if let Some(mut c) = self.procs.remove(&n) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.paused.retain(|p| *p != n);
+    }
+
+    pub fn pause(&mut self, n: usize) {
+        if let Some(c) = self.procs.get(&n) {
+            signal(c.id(), libc::SIGSTOP);
+            self.paused.push(n);
+        }
+    }
+
+    pub fn resume(&mut self, n: usize) {
+        if let Some(c) = self.procs.get(&n) {
+            signal(c.id(), libc::SIGCONT);
+        }
+        self.paused.retain(|p| *p != n);
+    }
+
+    /// Cuts `side` off from every other node (both directions).
+    pub fn isolate(&self, side: &[usize]) -> anyhow::Result<()> {
+        for n in 1..=self.spec.nodes {
+            let blocked: Vec<String> = if side.contains(&n) {
+                (1..=self.spec.nodes)
+                    .filter(|m| !side.contains(m))
+                    .map(|m| m.to_string())
+                    .collect()
+            } else {
+                side.iter().map(|m| m.to_string()).collect()
+            };
+            let tmp = self.block_file(n).with_extension("tmp");
+            std::fs::write(&tmp, blocked.join(","))?;
+            std::fs::rename(&tmp, self.block_file(n))?;
+        }
+        Ok(())
+    }
+
+    /// Heals every partition and pause; restarts killed nodes.
+    pub fn heal(&mut self) -> anyhow::Result<()> {
+        for n in 1..=self.spec.nodes {
+            match std::fs::remove_file(self.block_file(n)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        for n in self.paused.clone() {
+            self.resume(n);
+        }
+        for n in 1..=self.spec.nodes {
+            if !self.procs.contains_key(&n) {
+                self.start_node(n)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn is_up(&self, n: usize) -> bool {
+        self.procs.contains_key(&n)
+    }
+
+    /// The node each node itself says leads `tablet`, if they agree on one.
+    pub async fn leader_of(&self, tablet_for_vshard: u32) -> Option<usize> {
+        for n in 1..=self.spec.nodes {
+            if !self.is_up(n) || self.paused.contains(&n) {
+                continue;
+            }
+            let Ok(mut c) =
+                stele_proto::pb::data_client::DataClient::connect(self.endpoint(n)).await
+            else {
+                continue;
+            };
+            let Ok(r) = c.list_tablets(stele_proto::pb::ListTabletsRequest {}).await else {
+                continue;
+            };
+            let t = r.into_inner().tablets.into_iter().find(|t| {
+                t.vshard_lo <= tablet_for_vshard && u64::from(tablet_for_vshard) < t.vshard_hi
+            });
+            if let Some(t) = t
+                && t.leader_node == n as u64
+            {
+                return Some(n);
+            }
+        }
+        None
+    }
+
+    pub fn stop(&mut self) {
+        for n in self.paused.clone() {
+            self.resume(n);
+        }
+        for (_, mut c) in std::mem::take(&mut self.procs) {
+            signal(c.id(), libc::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                match c.try_wait() {
+                    Ok(Some(_)) => break,
+                    _ if Instant::now() > deadline => {
+                        let _ = c.kill();
+                        let _ = c.wait();
+                        break;
+                    }
+                    _ => std::thread::sleep(Duration::from_millis(50)),
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Cell {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,411 @@
+//! One run: a cell, list-append clients and a nemesis for a set time, then
+//! heal, recover, read every key's final list, check, and write the store:
+//!
+//! ```text
+//! <store>/<run>/seed, history.jsonl, nemesis.jsonl, results.json, node<i>.log
+//! ```
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use stele_client::retry::RetryPolicy;
+use stele_client::{Client, ClientOptions, ReadOptions};
+
+use crate::cell::{Cell, CellSpec};
+use crate::checker::list_append::{self, Report};
+use crate::history::{Event, Kind, Op, pair};
+
+/// The namespace every key lives in: one tablet, so the faults that hit its
+/// leader hit every operation.
+pub const NAMESPACE: &str = "jepsen/la";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Nemesis {
+    None,
+    Kill,
+    Pause,
+    Partition,
+    /// Isolates the leader of the workload's tablet (what the negative
+    /// control needs to show stale reads).
+    PartitionLeader,
+}
+
+impl std::str::FromStr for Nemesis {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "none" => Nemesis::None,
+            "kill" => Nemesis::Kill,
+            "pause" => Nemesis::Pause,
+            "partition" => Nemesis::Partition,
+            "partition-leader" => Nemesis::PartitionLeader,
+            other => return Err(format!("unknown nemesis {other:?}")),
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub bin: PathBuf,
+    pub store: PathBuf,
+    pub name: String,
+    pub seed: u64,
+    pub time_limit: Duration,
+    pub nemeses: Vec<Nemesis>,
+    pub processes: u64,
+    pub keys: u64,
+    /// Negative control: nodes serve leader reads without a read index.
+    pub unsafe_local_reads: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Results {
+    pub name: String,
+    pub seed: u64,
+    pub nemeses: Vec<Nemesis>,
+    pub unsafe_local_reads: bool,
+    /// How partitions were made.
+    pub partition_method: &'static str,
+    pub valid: bool,
+    pub report: Report,
+    pub faults: usize,
+    pub elapsed_s: f64,
+}
+
+#[derive(Serialize)]
+struct NemesisEvent {
+    time_ns: u64,
+    action: String,
+    nodes: Vec<usize>,
+}
+
+struct Recorder {
+    started: Instant,
+    events: Mutex<Vec<Event>>,
+}
+
+impl Recorder {
+    fn now(&self) -> u64 {
+        self.started.elapsed().as_nanos() as u64
+    }
+
+    fn record(&self, process: u64, kind: Kind, op: Op, node: u64) {
+        let time_ns = self.now();
+        self.events.lock().expect("lock").push(Event {
+            process,
+            kind,
+            op,
+            node,
+            time_ns,
+        });
+    }
+}
+
+fn client_options() -> ClientOptions {
+    ClientOptions {
+        retry: RetryPolicy {
+            attempts_max: 8,
+            deadline: Duration::from_secs(4),
+            backoff_initial: Duration::from_millis(50),
+            backoff_max: Duration::from_millis(400),
+        },
+        request_timeout: Duration::from_secs(1),
+        connect_timeout: Duration::from_millis(500),
+        ..ClientOptions::default()
+    }
+}
+
+/// What a failed call means for the history: a typed refusal wrote
+/// nothing (`Fail`); anything else may or may not have taken effect.
+fn outcome_of(e: &stele_client::Error) -> Kind {
+    match e.api() {
+        Some(api) if api.kind() == stele_proto::ErrorKind::Refuse => Kind::Fail,
+        _ => Kind::Info,
+    }
+}
+
+fn values_of(rows: &[stele_client::Row]) -> Vec<u64> {
+    rows.iter()
+        .filter_map(|r| std::str::from_utf8(&r.value).ok()?.parse().ok())
+        .collect()
+}
+
+/// One client process: appends unique values to random keys and reads
+/// whole lists, one operation at a time, seeded at node `seed_node`.
+async fn client_process(
+    p: u64,
+    seed_node: usize,
+    endpoint: String,
+    keys: u64,
+    seed: u64,
+    stop_at: Instant,
+    rec: Arc<Recorder>,
+) {
+    let mut rng = StdRng::seed_from_u64(seed ^ (p * 0x9e37_79b9));
+    let mut client: Option<Client> = None;
+    let mut next = 0u64;
+    while Instant::now() < stop_at {
+        if client.is_none() {
+            match Client::connect(&endpoint, client_options()).await {
+                Ok(c) => client = Some(c),
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            }
+        }
+        let c = client.as_ref().expect("connected above");
+        let key = format!("k{}", rng.random_range(0..keys));
+        if rng.random_bool(0.5) {
+            next += 1;
+            let value = p * 1_000_000 + next;
+            let op = Op::Append {
+                key: key.clone(),
+                value,
+            };
+            rec.record(p, Kind::Invoke, op.clone(), seed_node as u64);
+            // One ts for every record: ScanKey then orders by position.
+            let r = c
+                .append(
+                    NAMESPACE,
+                    vec![stele_client::record(key, 1, value.to_string().into_bytes())],
+                )
+                .await;
+            let kind = match &r {
+                Ok(_) => Kind::Ok,
+                Err(e) => outcome_of(e),
+            };
+            rec.record(p, kind, op, seed_node as u64);
+        } else {
+            rec.record(
+                p,
+                Kind::Invoke,
+                Op::Read {
+                    key: key.clone(),
+                    values: None,
+                },
+                seed_node as u64,
+            );
+            let r = c
+                .scan_key_all(NAMESPACE, key.as_bytes(), 0, 0, ReadOptions::default())
+                .await;
+            match r {
+                Ok(rows) => rec.record(
+                    p,
+                    Kind::Ok,
+                    Op::Read {
+                        key,
+                        values: Some(values_of(&rows)),
+                    },
+                    seed_node as u64,
+                ),
+                // A read changes nothing: a failed one is simply failed.
+                Err(_) => rec.record(
+                    p,
+                    Kind::Fail,
+                    Op::Read { key, values: None },
+                    seed_node as u64,
+                ),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..20))).await;
+    }
+}
+
+/// Runs the nemesis until `stop_at`: one fault at a time, each held for a
+/// few election timeouts, then healed.
+async fn nemesis(
+    cell: &mut Cell,
+    nemeses: &[Nemesis],
+    seed: u64,
+    stop_at: Instant,
+    rec: &Recorder,
+    log: &mut Vec<NemesisEvent>,
+) -> anyhow::Result<usize> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
+    let nodes = cell.spec.nodes;
+    let t = cell.spec.election_timeout_ms;
+    let (ns_lo, _) = stele_proto::vshard::namespace_range(NAMESPACE);
+    let mut faults = 0;
+    let active: Vec<Nemesis> = nemeses
+        .iter()
+        .copied()
+        .filter(|n| *n != Nemesis::None)
+        .collect();
+    tokio::time::sleep(Duration::from_millis(2 * t)).await;
+    while !active.is_empty() && Instant::now() + Duration::from_millis(3 * t) < stop_at {
+        let which = active[rng.random_range(0..active.len())];
+        let victim = match which {
+            Nemesis::PartitionLeader => cell.leader_of(ns_lo).await.unwrap_or(1),
+            _ => rng.random_range(1..=nodes),
+        };
+        let hold = Duration::from_millis(rng.random_range(2 * t..4 * t));
+        let action = match which {
+            Nemesis::Kill => {
+                cell.kill(victim);
+                "kill"
+            }
+            Nemesis::Pause => {
+                cell.pause(victim);
+                "pause"
+            }
+            Nemesis::Partition | Nemesis::PartitionLeader => {
+                cell.isolate(&[victim])?;
+                "isolate"
+            }
+            Nemesis::None => continue,
+        };
+        faults += 1;
+        log.push(NemesisEvent {
+            time_ns: rec.now(),
+            action: action.into(),
+            nodes: vec![victim],
+        });
+        tokio::time::sleep(hold.min(stop_at.saturating_duration_since(Instant::now()))).await;
+        cell.heal()?;
+        log.push(NemesisEvent {
+            time_ns: rec.now(),
+            action: "heal".into(),
+            nodes: vec![victim],
+        });
+        tokio::time::sleep(Duration::from_millis(rng.random_range(t..3 * t))).await;
+    }
+    Ok(faults)
+}
+
+/// Every key's final list, read linearizably once the cell recovered.
+async fn final_reads(cell: &Cell, keys: u64) -> anyhow::Result<BTreeMap<String, Vec<u64>>> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut finals = BTreeMap::new();
+    for k in 0..keys {
+        let key = format!("k{k}");
+        loop {
+            let n = 1 + (k as usize % cell.spec.nodes);
+            let got = async {
+                let c = Client::connect(&cell.endpoint(n), client_options()).await?;
+                c.scan_key_all(NAMESPACE, key.as_bytes(), 0, 0, ReadOptions::default())
+                    .await
+            }
+            .await;
+            match got {
+                Ok(rows) => {
+                    finals.insert(key.clone(), values_of(&rows));
+                    break;
+                }
+                Err(e) => {
+                    anyhow::ensure!(
+                        Instant::now() < deadline,
+                        "the cell did not recover: final read of {key}: {e}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+            }
+        }
+    }
+    Ok(finals)
+}
+
+fn write_jsonl<T: Serialize>(path: &Path, items: &[T]) -> anyhow::Result<()> {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    for i in items {
+        serde_json::to_writer(&mut f, i)?;
+        f.write_all(b"\n")?;
+    }
+    f.flush()?;
+    Ok(())
+}
+
+pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
+    let dir = opts.store.join(&opts.name);
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("seed"), opts.seed.to_string())?;
+    let started = Instant::now();
+    let spec = CellSpec {
+        bin: opts.bin.clone(),
+        nodes: 3,
+        tablets: 2,
+        election_timeout_ms: 1000,
+        unsafe_local_reads: opts.unsafe_local_reads,
+    };
+    let mut cell = Cell::start(spec, &dir, opts.seed)?;
+    for n in 1..=3 {
+        anyhow::ensure!(
+            cell.wait_serving(n, Duration::from_secs(30)).await,
+            "node {n} did not come up; see {}",
+            dir.join(format!("node{n}.log")).display()
+        );
+    }
+    let (ns_lo, _) = stele_proto::vshard::namespace_range(NAMESPACE);
+    let elect = Instant::now();
+    while cell.leader_of(ns_lo).await.is_none() {
+        anyhow::ensure!(
+            elect.elapsed() < Duration::from_secs(30),
+            "no leader elected"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let rec = Arc::new(Recorder {
+        started: Instant::now(),
+        events: Mutex::new(Vec::new()),
+    });
+    let stop_at = Instant::now() + opts.time_limit;
+    let mut clients = Vec::new();
+    for p in 0..opts.processes {
+        let seed_node = 1 + (p as usize % 3);
+        clients.push(tokio::spawn(client_process(
+            p,
+            seed_node,
+            cell.endpoint(seed_node),
+            opts.keys,
+            opts.seed,
+            stop_at,
+            rec.clone(),
+        )));
+    }
+    let mut log = Vec::new();
+    let faults = nemesis(&mut cell, &opts.nemeses, opts.seed, stop_at, &rec, &mut log).await?;
+    for c in clients {
+        c.await.context("client process panicked")?;
+    }
+    cell.heal()?;
+    let finals = final_reads(&cell, opts.keys).await?;
+    cell.stop();
+    let events = rec.events.lock().expect("lock").clone();
+    write_jsonl(&dir.join("history.jsonl"), &events)?;
+    write_jsonl(&dir.join("nemesis.jsonl"), &log)?;
+    let ops = pair(&events).map_err(|e| anyhow::anyhow!("history does not pair: {e:?}"))?;
+    let report = list_append::check(
+        &ops,
+        &finals,
+        list_append::Options {
+            linearizable_reads: true,
+        },
+    );
+    let results = Results {
+        name: opts.name.clone(),
+        seed: opts.seed,
+        nemeses: opts.nemeses.clone(),
+        unsafe_local_reads: opts.unsafe_local_reads,
+        partition_method: "loopback, transport peer filter (no nftables on this machine)",
+        valid: report.valid(),
+        report,
+        faults,
+        elapsed_s: started.elapsed().as_secs_f64(),
+    };
+    std::fs::write(
+        dir.join("results.json"),
+        serde_json::to_vec_pretty(&results)?,
+    )?;
+    Ok(results)
+}
