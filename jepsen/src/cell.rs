@@ -18,6 +18,9 @@ pub struct CellSpec {
     pub election_timeout_ms: u64,
     /// The negative control: nodes serve leader reads without a read index.
     pub unsafe_local_reads: bool,
+    /// Run a controller (its own process, never faulted) and let it place
+    /// the tablets, instead of a static `--peers` cell.
+    pub controlled: bool,
 }
 
 pub struct Cell {
@@ -26,6 +29,7 @@ pub struct Cell {
     base: u16,
     procs: BTreeMap<usize, Child>,
     paused: Vec<usize>,
+    controller: Option<Child>,
 }
 
 /// A base port with `n` TCP ports and `n` UDP ports 100 above free, below
@@ -35,7 +39,7 @@ fn free_base(n: u16, seed: u64) -> u16 {
     for attempt in 0..500u64 {
         let base = 10_000
             + ((seed ^ (attempt * 2_654_435_761) ^ u64::from(std::process::id())) % 22_000) as u16;
-        let tcp = (0..n).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok());
+        let tcp = (0..=n).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok());
         let udp = (0..n).all(|i| UdpSocket::bind(("127.0.0.1", base + 100 + i)).is_ok());
         if tcp && udp {
             return base;
@@ -91,11 +95,73 @@ impl Cell {
             dir: dir.to_path_buf(),
             procs: BTreeMap::new(),
             paused: Vec::new(),
+            controller: None,
         };
+        if cell.spec.controlled {
+            let log = std::fs::File::create(cell.dir.join("controller.log"))?;
+            let child = Command::new(&cell.spec.bin)
+                .args(["server", "--roles", "controller", "--controller-id", "1"])
+                .args(["--listen", &format!("127.0.0.1:{}", cell.controller_port())])
+                .arg("--data-dir")
+                .arg(cell.dir.join("controller"))
+                .args(["--lease-ms", "4000", "--repair-grace-ms", "600000"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .context("start the controller")?;
+            cell.controller = Some(child);
+        }
         for n in 1..=cell.spec.nodes {
             cell.start_node(n)?;
         }
+        if cell.spec.controlled {
+            // Wait for the controller, then create the cell.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let out = Command::new(&cell.spec.bin)
+                    .args(["cell", "init", "--controllers", &cell.controller_endpoint()])
+                    .args([
+                        "--tablets",
+                        &cell.spec.tablets.to_string(),
+                        "--replication",
+                        "3",
+                    ])
+                    .output()?;
+                if out.status.success() {
+                    break;
+                }
+                anyhow::ensure!(
+                    Instant::now() < deadline,
+                    "cell init: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
         Ok(cell)
+    }
+
+    fn controller_port(&self) -> u16 {
+        self.base + self.spec.nodes as u16
+    }
+
+    pub fn controller_endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.controller_port())
+    }
+
+    /// Runs an operator command against the controller; its JSON output.
+    pub fn operator(&self, args: &[&str]) -> anyhow::Result<serde_json::Value> {
+        let out = Command::new(&self.spec.bin)
+            .args(args)
+            .args(["--controllers", &self.controller_endpoint(), "--json"])
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "stele {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(serde_json::from_slice(&out.stdout)?)
     }
 
     pub fn endpoint(&self, n: usize) -> String {
@@ -121,8 +187,16 @@ impl Cell {
             .append(true)
             .open(self.dir.join(format!("node{n}.log")))?;
         let mut cmd = Command::new(&self.spec.bin);
-        cmd.arg("server")
-            .args(["--node-id", &n.to_string()])
+        cmd.arg("server");
+        if self.spec.controlled {
+            cmd.args(["--controllers", &self.controller_endpoint()])
+                .args(["--heartbeat-ms", "500"]);
+        } else {
+            cmd.args(["--peers", &peers.join(",")])
+                .args(["--peer-endpoints", &endpoints.join(",")])
+                .args(["--tablets", &self.spec.tablets.to_string()]);
+        }
+        cmd.args(["--node-id", &n.to_string()])
             .args([
                 "--listen",
                 &format!("127.0.0.1:{}", self.base + n as u16 - 1),
@@ -135,9 +209,6 @@ impl Cell {
             .arg(self.dir.join(format!("data{n}")))
             .arg("--certs")
             .arg(self.dir.join(format!("certs{n}")))
-            .args(["--peers", &peers.join(",")])
-            .args(["--peer-endpoints", &endpoints.join(",")])
-            .args(["--tablets", &self.spec.tablets.to_string()])
             .args([
                 "--election-timeout-ms",
                 &self.spec.election_timeout_ms.to_string(),
@@ -264,6 +335,10 @@ impl Cell {
     pub fn stop(&mut self) {
         for n in self.paused.clone() {
             self.resume(n);
+        }
+        if let Some(mut c) = self.controller.take() {
+            let _ = c.kill();
+            let _ = c.wait();
         }
         for (_, mut c) in std::mem::take(&mut self.procs) {
             signal(c.id(), libc::SIGTERM);

@@ -44,6 +44,9 @@ enum Cmd {
         /// Negative control: nodes serve leader reads without a read index.
         #[arg(long)]
         unsafe_local_reads: bool,
+        /// Four nodes placed by a controller (needed for `churn`).
+        #[arg(long)]
+        controlled: bool,
     },
     /// Short seeded runs (kill, pause, partition) and a negative control
     /// that must be caught; prints `N passed, N failed`.
@@ -86,6 +89,7 @@ fn main() -> std::process::ExitCode {
                 processes,
                 keys,
                 unsafe_local_reads,
+                controlled,
             } => {
                 let name = format!(
                     "{}-seed{seed}{}",
@@ -106,21 +110,30 @@ fn main() -> std::process::ExitCode {
                     processes,
                     keys,
                     unsafe_local_reads,
+                    controlled,
                 };
                 let r = run(&opts).await?;
                 println!("{}", serde_json::to_string_pretty(&r)?);
                 Ok::<bool, anyhow::Error>(r.valid)
             }
             Cmd::Smoke { time_limit } => {
+                // (name, nemeses, unsafe reads, controlled cell, seed)
                 let cases = [
-                    ("kill", vec![Nemesis::Kill], false, 11),
-                    ("pause", vec![Nemesis::Pause], false, 12),
-                    ("partition", vec![Nemesis::Partition], false, 13),
+                    ("kill", vec![Nemesis::Kill], false, false, 11),
+                    ("pause", vec![Nemesis::Pause], false, false, 12),
+                    ("partition", vec![Nemesis::Partition], false, false, 13),
+                    (
+                        "churn+kill",
+                        vec![Nemesis::Churn, Nemesis::Kill],
+                        false,
+                        true,
+                        15,
+                    ),
                     // Must be caught: a deposed leader serving reads.
-                    ("negative-control", vec![Nemesis::PartitionLeader], true, 14),
+                    ("negative-control", vec![Nemesis::PartitionLeader], true, false, 14),
                 ];
                 let (mut passed, mut failed) = (0, 0);
-                for (name, nemeses, unsafe_reads, seed) in cases {
+                for (name, nemeses, unsafe_reads, controlled, seed) in cases {
                     let opts = RunOptions {
                         bin: bin.clone(),
                         store: cli.store.clone(),
@@ -131,6 +144,7 @@ fn main() -> std::process::ExitCode {
                         processes: 6,
                         keys: 4,
                         unsafe_local_reads: unsafe_reads,
+                        controlled,
                     };
                     let ok = match run(&opts).await {
                         // The negative control passes when the checker

@@ -36,6 +36,10 @@ pub enum Nemesis {
     /// Isolates the leader of the workload's tablet (what the negative
     /// control needs to show stale reads).
     PartitionLeader,
+    /// Membership churn (controlled cells): move a voter of the workload's
+    /// tablet (its leader's, half the time) to the node without one, or
+    /// hand its leadership to another voter.
+    Churn,
 }
 
 impl std::str::FromStr for Nemesis {
@@ -47,6 +51,7 @@ impl std::str::FromStr for Nemesis {
             "pause" => Nemesis::Pause,
             "partition" => Nemesis::Partition,
             "partition-leader" => Nemesis::PartitionLeader,
+            "churn" => Nemesis::Churn,
             other => return Err(format!("unknown nemesis {other:?}")),
         })
     }
@@ -64,6 +69,9 @@ pub struct RunOptions {
     pub keys: u64,
     /// Negative control: nodes serve leader reads without a read index.
     pub unsafe_local_reads: bool,
+    /// Four nodes placed by a controller instead of a static three-node
+    /// cell (needed for `churn`).
+    pub controlled: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -72,6 +80,7 @@ pub struct Results {
     pub seed: u64,
     pub nemeses: Vec<Nemesis>,
     pub unsafe_local_reads: bool,
+    pub controlled: bool,
     /// How partitions were made.
     pub partition_method: &'static str,
     pub valid: bool,
@@ -138,12 +147,30 @@ fn values_of(rows: &[stele_client::Row]) -> Vec<u64> {
         .collect()
 }
 
+/// How a client finds the cell: a seed node, or the controllers.
+#[derive(Clone)]
+enum Target {
+    Node(String),
+    Controller(String),
+}
+
+impl Target {
+    async fn connect(&self) -> stele_client::Result<Client> {
+        match self {
+            Target::Node(ep) => Client::connect(ep, client_options()).await,
+            Target::Controller(ep) => {
+                Client::connect_cell(std::slice::from_ref(ep), client_options()).await
+            }
+        }
+    }
+}
+
 /// One client process: appends unique values to random keys and reads
 /// whole lists, one operation at a time, seeded at node `seed_node`.
 async fn client_process(
     p: u64,
     seed_node: usize,
-    endpoint: String,
+    endpoint: Target,
     keys: u64,
     seed: u64,
     stop_at: Instant,
@@ -154,7 +181,7 @@ async fn client_process(
     let mut next = 0u64;
     while Instant::now() < stop_at {
         if client.is_none() {
-            match Client::connect(&endpoint, client_options()).await {
+            match endpoint.connect().await {
                 Ok(c) => client = Some(c),
                 Err(_) => {
                     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -261,6 +288,17 @@ async fn nemesis(
                 cell.isolate(&[victim])?;
                 "isolate"
             }
+            Nemesis::Churn => {
+                let done = tokio::task::block_in_place(|| churn(cell, ns_lo, &mut rng));
+                log.push(NemesisEvent {
+                    time_ns: rec.now(),
+                    action: done,
+                    nodes: Vec::new(),
+                });
+                faults += 1;
+                tokio::time::sleep(Duration::from_millis(rng.random_range(t..3 * t))).await;
+                continue;
+            }
             Nemesis::None => continue,
         };
         faults += 1;
@@ -281,6 +319,66 @@ async fn nemesis(
     Ok(faults)
 }
 
+/// One membership change of the workload's tablet; what was done.
+fn churn(cell: &Cell, ns_lo: u32, rng: &mut StdRng) -> String {
+    let tablets = match cell.operator(&["tablet", "list"]) {
+        Ok(serde_json::Value::Array(ts)) => ts,
+        other => return format!("churn: tablet list failed: {other:?}"),
+    };
+    let Some(t) = tablets.iter().find(|t| {
+        t["vshard_lo"].as_u64().unwrap_or(0) <= u64::from(ns_lo)
+            && u64::from(ns_lo) < t["vshard_hi"].as_u64().unwrap_or(0)
+    }) else {
+        return "churn: workload tablet not found".into();
+    };
+    let id = t["id"].as_u64().unwrap_or(0).to_string();
+    let voters: Vec<u64> = t["replicas"]
+        .as_array()
+        .map(|rs| rs.iter().filter_map(|r| r["node"].as_u64()).collect())
+        .unwrap_or_default();
+    let leader = t["leader_node"].as_u64().unwrap_or(0);
+    let free: Vec<u64> = (1..=cell.spec.nodes as u64)
+        .filter(|n| !voters.contains(n))
+        .collect();
+    let args: Vec<String> = if rng.random_bool(0.7) && !free.is_empty() {
+        let from = if rng.random_bool(0.5) && leader != 0 {
+            leader
+        } else {
+            voters[rng.random_range(0..voters.len())]
+        };
+        let to = free[rng.random_range(0..free.len())];
+        vec![
+            "tablet".into(),
+            "move".into(),
+            id,
+            "--from".into(),
+            from.to_string(),
+            "--to".into(),
+            to.to_string(),
+            "--wait".into(),
+        ]
+    } else {
+        let others: Vec<u64> = voters.iter().copied().filter(|v| *v != leader).collect();
+        if others.is_empty() {
+            return "churn: no other voter".into();
+        }
+        let to = others[rng.random_range(0..others.len())];
+        vec![
+            "tablet".into(),
+            "transfer-leader".into(),
+            id,
+            "--to".into(),
+            to.to_string(),
+            "--wait".into(),
+        ]
+    };
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    match cell.operator(&a) {
+        Ok(v) => format!("churn: {} -> {}", args.join(" "), v["state"]),
+        Err(e) => format!("churn: {} refused: {e}", args.join(" ")),
+    }
+}
+
 /// Every key's final list, read linearizably once the cell recovered.
 async fn final_reads(cell: &Cell, keys: u64) -> anyhow::Result<BTreeMap<String, Vec<u64>>> {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -289,8 +387,13 @@ async fn final_reads(cell: &Cell, keys: u64) -> anyhow::Result<BTreeMap<String, 
         let key = format!("k{k}");
         loop {
             let n = 1 + (k as usize % cell.spec.nodes);
+            let target = if cell.spec.controlled {
+                Target::Controller(cell.controller_endpoint())
+            } else {
+                Target::Node(cell.endpoint(n))
+            };
             let got = async {
-                let c = Client::connect(&cell.endpoint(n), client_options()).await?;
+                let c = target.connect().await?;
                 c.scan_key_all(NAMESPACE, key.as_bytes(), 0, 0, ReadOptions::default())
                     .await
             }
@@ -333,13 +436,15 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
     let started = Instant::now();
     let spec = CellSpec {
         bin: opts.bin.clone(),
-        nodes: 3,
+        nodes: if opts.controlled { 4 } else { 3 },
         tablets: 2,
         election_timeout_ms: 1000,
         unsafe_local_reads: opts.unsafe_local_reads,
+        controlled: opts.controlled,
     };
+    let nodes = spec.nodes;
     let mut cell = Cell::start(spec, &dir, opts.seed)?;
-    for n in 1..=3 {
+    for n in 1..=nodes {
         anyhow::ensure!(
             cell.wait_serving(n, Duration::from_secs(30)).await,
             "node {n} did not come up; see {}",
@@ -362,11 +467,16 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
     let stop_at = Instant::now() + opts.time_limit;
     let mut clients = Vec::new();
     for p in 0..opts.processes {
-        let seed_node = 1 + (p as usize % 3);
+        let seed_node = 1 + (p as usize % nodes);
+        let target = if opts.controlled {
+            Target::Controller(cell.controller_endpoint())
+        } else {
+            Target::Node(cell.endpoint(seed_node))
+        };
         clients.push(tokio::spawn(client_process(
             p,
             seed_node,
-            cell.endpoint(seed_node),
+            target,
             opts.keys,
             opts.seed,
             stop_at,
@@ -397,6 +507,7 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         seed: opts.seed,
         nemeses: opts.nemeses.clone(),
         unsafe_local_reads: opts.unsafe_local_reads,
+        controlled: opts.controlled,
         partition_method: "loopback, transport peer filter (no nftables on this machine)",
         valid: report.valid(),
         report,
