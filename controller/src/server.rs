@@ -227,6 +227,15 @@ impl Controller {
         out
     }
 
+    /// Nodes and tablets as placement sees them now, with the cell's
+    /// replication factor.
+    fn cluster_view(&self, s: &CellState) -> (Vec<NodeInfo>, Vec<TabletInfo>, usize) {
+        let nodes = self.placement_nodes(s, Instant::now());
+        let tablets = Controller::tablet_infos(s, &self.leaders());
+        let replication = s.cell.as_ref().map_or(3, |c| c.replication as usize);
+        (nodes, tablets, replication)
+    }
+
     fn tablet_infos(s: &CellState, leaders: &HashMap<u64, pb::ReplicaReport>) -> Vec<TabletInfo> {
         s.tablets
             .values()
@@ -877,12 +886,11 @@ impl pb::controller_server::Controller for Api {
             ));
         }
         if admin != Admin::Active {
-            let nodes = c.placement_nodes(&s, Instant::now());
-            let tablets = Controller::tablet_infos(&s, &c.leaders());
+            let (nodes, tablets, replication) = c.cluster_view(&s);
             let cluster = Cluster {
                 nodes: &nodes,
                 tablets: &tablets,
-                replication: s.cell.as_ref().map_or(3, |c| c.replication as usize),
+                replication,
             };
             cluster
                 .check_drain(req.node)
@@ -959,12 +967,11 @@ impl pb::controller_server::Controller for Api {
         c.require_leader()?;
         let req = request.into_inner();
         let s = c.snapshot();
-        let nodes = c.placement_nodes(&s, Instant::now());
-        let tablets = Controller::tablet_infos(&s, &c.leaders());
+        let (nodes, tablets, replication) = c.cluster_view(&s);
         let cluster = Cluster {
             nodes: &nodes,
             tablets: &tablets,
-            replication: s.cell.as_ref().map_or(3, |c| c.replication as usize),
+            replication,
         };
         cluster
             .check_move(req.tablet, req.from, req.to)

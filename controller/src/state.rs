@@ -208,6 +208,26 @@ impl CellState {
         }
     }
 
+    /// Records a pending intent on `tablet` and marks the tablet busy.
+    fn open_intent(&mut self, tablet: u64, kind: IntentKind, reason: String) -> Reply {
+        let id = self.next_intent;
+        self.next_intent += 1;
+        if let Some(t) = self.tablets.get_mut(&tablet) {
+            t.intent = id;
+        }
+        self.intents.insert(
+            id,
+            IntentRec {
+                id,
+                tablet,
+                kind,
+                state: IntentState::Pending,
+                reason,
+            },
+        );
+        Reply::Intent(id)
+    }
+
     /// The replica of `tablet` on `node`, voter or leaving.
     pub fn replica_on(&self, tablet: &TabletRec, node: u64) -> Option<ReplicaRec> {
         tablet
@@ -349,31 +369,19 @@ impl CellState {
                     ));
                 };
                 let new = self.new_replica(to);
-                let id = self.next_intent;
-                self.next_intent += 1;
                 let t = self.tablets.get_mut(&tablet).expect("checked above");
                 let old = t.voters[pos];
                 t.voters[pos] = new;
                 t.leaving = Some(old);
-                t.intent = id;
                 if t.leader_replica == old.replica_id {
                     t.leader_replica = 0;
                 }
-                self.intents.insert(
-                    id,
-                    IntentRec {
-                        id,
-                        tablet,
-                        kind: IntentKind::Move {
-                            from,
-                            to,
-                            new_replica: new.replica_id,
-                        },
-                        state: IntentState::Pending,
-                        reason,
-                    },
-                );
-                Reply::Intent(id)
+                let kind = IntentKind::Move {
+                    from,
+                    to,
+                    new_replica: new.replica_id,
+                };
+                self.open_intent(tablet, kind, reason)
             }
             Command::FinishMove { intent } => {
                 let Some(i) = self.intents.get(&intent) else {
@@ -437,20 +445,7 @@ impl CellState {
                     return Reply::Refused(format!("node {to} holds no voter of tablet {tablet}"));
                 };
                 t.leader_replica = r.replica_id;
-                let id = self.next_intent;
-                self.next_intent += 1;
-                t.intent = id;
-                self.intents.insert(
-                    id,
-                    IntentRec {
-                        id,
-                        tablet,
-                        kind: IntentKind::TransferLeader { to },
-                        state: IntentState::Pending,
-                        reason,
-                    },
-                );
-                Reply::Intent(id)
+                self.open_intent(tablet, IntentKind::TransferLeader { to }, reason)
             }
             Command::FinishTransfer { intent } => {
                 let Some(i) = self.intents.get_mut(&intent) else {

@@ -11,7 +11,7 @@ use stele_client::retry::RetryPolicy;
 use stele_proto::pb;
 use stele_proto::pb::data_client::DataClient;
 
-use crate::{Proc, free_port_base, run};
+use crate::{Proc, free_port_base, make_certs};
 
 /// Nodes of a [`Cell`] (ids 1..=NODES).
 pub const NODES: usize = 3;
@@ -29,22 +29,7 @@ impl Cell {
     /// Makes the cell CA and one certificate per node.
     pub fn new() -> Cell {
         let dir = tempfile::tempdir().unwrap();
-        let ca = dir.path().join("ca");
-        assert!(run(&["cert", "init", "--out", ca.to_str().unwrap()]).0);
-        for n in 1..=NODES {
-            let out = dir.path().join(format!("certs{n}"));
-            let (ok, _, err) = run(&[
-                "cert",
-                "node",
-                "--ca",
-                ca.to_str().unwrap(),
-                "--node-id",
-                &n.to_string(),
-                "--out",
-                out.to_str().unwrap(),
-            ]);
-            assert!(ok, "{err}");
-        }
+        make_certs(dir.path(), NODES);
         Cell {
             dir,
             base_port: free_port_base(NODES as u16),

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use stele_client::Client;
 
-use crate::{Proc, free_port_base, run};
+use crate::{Proc, free_port_base, make_certs, run};
 
 pub struct ControlledCell {
     pub dir: tempfile::TempDir,
@@ -28,22 +28,7 @@ impl ControlledCell {
     /// Certificates for `nodes` nodes; zones `z1..` unless set later.
     pub fn new(controllers: usize, nodes: usize) -> ControlledCell {
         let dir = tempfile::tempdir().unwrap();
-        let ca = dir.path().join("ca");
-        assert!(run(&["cert", "init", "--out", ca.to_str().unwrap()]).0);
-        for n in 1..=nodes {
-            let out = dir.path().join(format!("certs{n}"));
-            let (ok, _, err) = run(&[
-                "cert",
-                "node",
-                "--ca",
-                ca.to_str().unwrap(),
-                "--node-id",
-                &n.to_string(),
-                "--out",
-                out.to_str().unwrap(),
-            ]);
-            assert!(ok, "{err}");
-        }
+        make_certs(dir.path(), nodes);
         ControlledCell {
             dir,
             controllers,

@@ -156,6 +156,27 @@ pub fn run(args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// Makes a cell CA in `dir/ca` and certificates for nodes `1..=nodes` in
+/// `dir/certs<n>`.
+pub fn make_certs(dir: &Path, nodes: usize) {
+    let ca = dir.join("ca");
+    assert!(run(&["cert", "init", "--out", ca.to_str().unwrap()]).0);
+    for n in 1..=nodes {
+        let out = dir.join(format!("certs{n}"));
+        let (ok, _, err) = run(&[
+            "cert",
+            "node",
+            "--ca",
+            ca.to_str().unwrap(),
+            "--node-id",
+            &n.to_string(),
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert!(ok, "{err}");
+    }
+}
+
 /// A base port `b` with TCP ports `b..b+n` and UDP ports `b+100..b+100+n`
 /// free on 127.0.0.1 (the layout `stele dev --nodes n` uses).
 pub fn free_port_base(n: u16) -> u16 {
