@@ -49,6 +49,24 @@ fn say(line: std::fmt::Arguments<'_>) {
     let _ = out.flush();
 }
 
+/// A node of a dev cell gets SIGTERM when `stele dev` dies, however it
+/// dies (even SIGKILL), so no node outlives the cell that started it.
+#[allow(unsafe_code)]
+fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the child between fork and exec and only
+    // calls prctl(2), which is async-signal-safe and touches no memory of
+    // the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 #[allow(unsafe_code)]
 fn terminate(child: &Child) {
     // SAFETY: kill(2) on the pid of a child this process spawned and has
@@ -152,6 +170,7 @@ pub async fn run(
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        die_with_parent(&mut cmd);
         let mut child = cmd.spawn().with_context(|| format!("start node {n}"))?;
         let stdout = child.stdout.take().expect("piped stdout");
         let tx = tx.clone();

@@ -177,7 +177,7 @@ impl Controller {
     }
 
     /// The node's state as placement sees it, with the leader-local
-    /// `Suspect` (missed three renewals) and `Dead` only after the grace.
+    /// `Suspect` (silent for half the lease) and `Dead` only after the grace.
     fn placement_nodes(&self, s: &CellState, now: Instant) -> Vec<NodeInfo> {
         let h = self.health.lock().expect("lock poisoned");
         s.nodes
@@ -194,7 +194,7 @@ impl Controller {
                 if state == NodeState::Up
                     && h.seen
                         .get(&n.id)
-                        .is_none_or(|t| now.duration_since(*t) > self.opts.lease / 3)
+                        .is_none_or(|t| now.duration_since(*t) > self.opts.lease / 2)
                 {
                     state = NodeState::Suspect;
                 }

@@ -187,7 +187,7 @@ async fn operator_commands_under_load_and_bad_input_refused() {
     // Keep a killed node's replicas in place for this test.
     cell.controller_flags = vec![
         "--lease-ms".into(),
-        "2000".into(),
+        "3000".into(),
         "--repair-grace-ms".into(),
         "600000".into(),
     ];
