@@ -38,6 +38,22 @@ pub struct SegmentRef {
     pub log_last: u64,
     pub ts_min: u64,
     pub ts_max: u64,
+    /// The cold copy in object storage, once an `Uploaded` command for this
+    /// segment has applied. Added after catalog format 1 shipped: absent in
+    /// older records (`None`), and omitted when `None`, so records without a
+    /// cold copy encode exactly as before (docs/FORMAT.md, catalog).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cold: Option<ColdCopy>,
+}
+
+/// What `Uploaded` recorded about a segment's object: enough for a replica
+/// to confirm the object before dropping its local file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ColdCopy {
+    /// Object size (the segment's length).
+    pub bytes: u64,
+    /// The whole-file xxh3-64 stored in the segment's trailer.
+    pub file_xxh3: u64,
 }
 
 /// Everything the catalog knows about one tablet replica.
@@ -274,6 +290,7 @@ mod tests {
                 log_last: 10,
                 ts_min: 0,
                 ts_max: 0,
+                cold: None,
             });
             let rows = vec![ReceiptRow {
                 key: b"k1".to_vec(),

@@ -64,6 +64,9 @@ pub struct NodeOptions {
     /// Nodes whose Raft traffic this node drops (fault injection; empty
     /// unless a test or `STELE_PEER_BLOCK_FILE` sets it).
     pub peer_filter: Arc<crate::peering::PeerFilter>,
+    /// The cold tier (object storage), if configured: uploads, eviction and
+    /// cold reads (`node::tier`).
+    pub tier: Option<Arc<crate::tier::Tier>>,
 }
 
 impl NodeOptions {
@@ -86,6 +89,7 @@ impl NodeOptions {
             batch_bytes_max: stele_proto::limits::BATCH_BYTES_MAX_DEFAULT,
             batch_records_max: stele_proto::limits::BATCH_RECORDS_MAX_DEFAULT,
             peer_filter: Default::default(),
+            tier: None,
         }
     }
 
@@ -300,7 +304,13 @@ impl Node {
                 .data_dir
                 .join("segments")
                 .join(record.id.to_string());
-            let tablet = Tablet::open(record, dir, catalog.clone(), options.tablet.clone())?;
+            let tablet = Tablet::open_tiered(
+                record,
+                dir,
+                catalog.clone(),
+                options.tablet.clone(),
+                options.tier.clone(),
+            )?;
             let frames = by_tablet.remove(&record.id).unwrap_or_default();
             let (log, replay) = LogStore::recover(
                 record.id,
@@ -379,11 +389,14 @@ impl Node {
             transport: std::sync::OnceLock::new(),
             tasks: Default::default(),
         });
-        let tasks = vec![
+        let mut tasks = vec![
             tokio::spawn(seal_worker(node.clone(), seal_rx)),
             tokio::spawn(policy_loop(node.clone())),
             tokio::spawn(crate::raft::pacer::run(node.clone())),
         ];
+        if let Some(tier) = node.options.tier.clone() {
+            tasks.push(tokio::spawn(crate::tier::worker::run(node.clone(), tier)));
+        }
         *node.tasks.lock().expect("lock poisoned") = tasks;
         Ok(node)
     }
@@ -479,7 +492,10 @@ impl Node {
                 .tablet
                 .segment_dir
                 .join(crate::segment::file_name(&seg.id));
-            if path.exists() {
+            // A segment with a cold copy is read from the bucket instead
+            // (the install opens it there): only the rest crosses the
+            // node transport.
+            if path.exists() || (seg.cold.is_some() && self.options.tier.is_some()) {
                 continue;
             }
             // Streamed to a part file, verified, then renamed into place:

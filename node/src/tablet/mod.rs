@@ -77,6 +77,9 @@ pub struct TabletData {
     pub checkpoint_membership: StoredMembership,
     /// Largest proposal time applied (a deterministic clock for receipts).
     pub clock_us: u64,
+    /// Cold copies of segments `Uploaded` named before this replica's seal
+    /// published them (a follower's seal worker can lag its apply).
+    pub cold_early: std::collections::BTreeMap<String, crate::catalog::ColdCopy>,
 }
 
 /// Counters of a tablet, read by status and tests.
@@ -105,6 +108,9 @@ pub struct Tablet {
     /// When this replica last heard from its leader, and the leader's
     /// commit index then: a follower's bound on how stale its reads are.
     pub leader_contact: std::sync::Mutex<Option<(Instant, u64)>>,
+    /// The node's cold tier, if it has one: segments without a local file
+    /// are read from it.
+    pub tier: Option<Arc<crate::tier::Tier>>,
     data: RwLock<TabletData>,
 }
 
@@ -118,13 +124,24 @@ impl Tablet {
         catalog: Catalog,
         options: TabletOptions,
     ) -> Result<Arc<Tablet>> {
+        Tablet::open_tiered(record, segment_dir, catalog, options, None)
+    }
+
+    /// [`Tablet::open`] with a cold tier: a segment whose local file is gone
+    /// (evicted) is opened from the bucket.
+    pub fn open_tiered(
+        record: &TabletRecord,
+        segment_dir: PathBuf,
+        catalog: Catalog,
+        options: TabletOptions,
+        tier: Option<Arc<crate::tier::Tier>>,
+    ) -> Result<Arc<Tablet>> {
         crate::fsutil::create_dir_durable(&segment_dir)
             .map_err(|e| crate::Error::io(format!("create {}", segment_dir.display()), e))?;
         let mut segments = Vec::new();
         for seg in &record.segments {
-            let path = segment_dir.join(format!("{}.seg", seg.id));
-            let reader = SegmentReader::open_with_id(&path, &seg.id).map_err(crate::Error::from)?;
-            segments.push((seg.clone(), Arc::new(reader)));
+            let reader = open_segment(&segment_dir, record.id, seg, tier.as_ref())?;
+            segments.push((seg.clone(), reader));
         }
         seal::remove_orphans(&segment_dir, &record.segments)?;
         let (applied, membership) = if record.applied_state.is_empty() {
@@ -159,6 +176,7 @@ impl Tablet {
             catalog,
             stats: TabletStats::default(),
             leader_contact: std::sync::Mutex::new(None),
+            tier,
             data: RwLock::new(TabletData {
                 memtable: Memtable::default(),
                 frozen: Vec::new(),
@@ -172,6 +190,7 @@ impl Tablet {
                 membership,
                 checkpoint: record.checkpoint,
                 clock_us,
+                cold_early: Default::default(),
             }),
         }))
     }
@@ -303,6 +322,22 @@ impl TabletData {
         rows.sort_by(|a, b| (a.ts, &a.key, a.index, a.slot).cmp(&(b.ts, &b.key, b.index, b.slot)));
         Ok(rows)
     }
+}
+
+/// Opens a published segment: the local file when it exists, else (with a
+/// cold tier) its object in the bucket. Blocking.
+pub fn open_segment(
+    segment_dir: &std::path::Path,
+    tablet: u64,
+    seg: &SegmentRef,
+    tier: Option<&Arc<crate::tier::Tier>>,
+) -> Result<Arc<SegmentReader>> {
+    let path = segment_dir.join(crate::segment::file_name(&seg.id));
+    let reader = match tier {
+        Some(tier) if !path.exists() => crate::tier::cold::open_reader(tier, tablet, seg),
+        _ => SegmentReader::open_with_id(&path, &seg.id),
+    };
+    Ok(Arc::new(reader.map_err(crate::Error::from)?))
 }
 
 /// The position of a row of tablet `tablet`.
