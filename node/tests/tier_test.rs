@@ -424,3 +424,96 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// A moto server started by the test itself (so it can stop it), on a
+/// fixed port so a restart keeps the endpoint.
+struct Moto {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Moto {
+    fn start(port: u16) -> Moto {
+        let bin = std::env::var("STELE_TEST_MOTO_SERVER").expect("STELE_TEST_MOTO_SERVER");
+        let mut child = std::process::Command::new(bin)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start moto_server");
+        let url = format!("http://127.0.0.1:{port}");
+        for _ in 0..100 {
+            let ok = std::process::Command::new("curl")
+                .args(["-sf", "-X", "PUT", &format!("{url}/stele-test")])
+                .status()
+                .is_ok_and(|s| s.success());
+            if ok {
+                return Moto { child, port };
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("moto did not come up on {url}");
+    }
+
+    fn stop(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The S3 server is down while segments seal: nothing is evicted (no cold
+/// copy is confirmed), uploads fail and are retried; once the server is
+/// back, uploads resume and the cold tier answers reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_outage_delays_uploads_and_evicts_nothing_early() {
+    if s3_endpoint().is_none() || std::env::var("STELE_TEST_MOTO_SERVER").is_err() {
+        assert_ne!(
+            std::env::var("STELE_TEST_REQUIRE_S3").as_deref(),
+            Ok("1"),
+            "STELE_TEST_MOTO_SERVER is needed"
+        );
+        return;
+    }
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let moto = Moto::start(port);
+    let endpoint = format!("http://127.0.0.1:{}", moto.port);
+    let mut opts = s3_tier_options(&endpoint, "outage");
+    opts.upload_attempts_max = 2;
+    opts.upload_backoff = Duration::from_millis(50);
+    let tier = Tier::open(opts).expect("tier");
+    let dir = tempfile::tempdir().unwrap();
+    let mut n = start(options(dir.path(), tier.clone())).await;
+    n.ingest(40, 10).await;
+    let hot = n.read_all().await;
+    moto.stop();
+    n.seal_all().await;
+    // Give the worker several rounds against the dead server.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while tier.stats.upload_failures.load(Ordering::Relaxed) == 0 {
+        assert!(std::time::Instant::now() < deadline, "no upload failed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for r in n.node.replicas.values() {
+        for (s, reader) in &r.tablet.read().segments {
+            assert!(s.cold.is_none(), "Uploaded without a server");
+            assert!(!reader.is_remote(), "evicted without a cold copy");
+        }
+    }
+    assert!(local_segment_files(dir.path()) >= 1);
+    assert_eq!(tier.stats.segments_evicted.load(Ordering::Relaxed), 0);
+
+    let moto = Moto::start(port);
+    n.wait_all_cold().await;
+    tier.cache.clear();
+    let cold = n.read_all().await;
+    assert_eq!(cold.0, hot.0);
+    assert_eq!(cold.1, hot.1);
+    assert!(cold.3 > 0);
+    n.stop().await;
+    moto.stop();
+}
