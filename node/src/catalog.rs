@@ -328,6 +328,41 @@ mod tests {
         assert!(r2.iter().all(|r| r.value == vec![2]));
     }
 
+    /// A SegmentRef written before the cold tier existed (no `cold` key)
+    /// still decodes, and one without a cold copy encodes exactly as before.
+    #[test]
+    fn segment_ref_cold_field_is_back_compatible() {
+        #[derive(Serialize)]
+        struct SegmentRefV0 {
+            id: String,
+            bytes: u64,
+            rows: u64,
+            log_first: u64,
+            log_last: u64,
+            ts_min: u64,
+            ts_max: u64,
+        }
+        let old = to_cbor(&SegmentRefV0 {
+            id: "abc".into(),
+            bytes: 10,
+            rows: 2,
+            log_first: 1,
+            log_last: 5,
+            ts_min: 3,
+            ts_max: 4,
+        });
+        let r: SegmentRef = from_cbor("segment ref", &old).unwrap();
+        assert_eq!(r.cold, None);
+        assert_eq!(to_cbor(&r), old, "no cold copy: same bytes as before");
+        let mut with = r.clone();
+        with.cold = Some(ColdCopy {
+            bytes: 10,
+            file_xxh3: 7,
+        });
+        let back: SegmentRef = from_cbor("segment ref", &to_cbor(&with)).unwrap();
+        assert_eq!(back, with);
+    }
+
     #[test]
     fn unknown_format_is_refused() {
         let dir = tempfile::tempdir().unwrap();
