@@ -5,6 +5,7 @@
 
 mod dev_cell;
 mod ops;
+mod restore;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -44,6 +45,8 @@ enum Command {
     /// Cell CA and node certificates for node-to-node mutual TLS.
     #[command(subcommand)]
     Cert(CertCommand),
+    /// Rebuild a cell's tablets from its object store into a new data directory.
+    Restore(restore::RestoreArgs),
 }
 
 #[derive(Subcommand)]
@@ -494,6 +497,7 @@ fn run() -> anyhow::Result<()> {
             Command::Scan(a) => ops::run_scan(a).await,
             Command::Bench(a) => ops::run_bench(a).await,
             Command::Status(a) => ops::run_status(a).await,
+            Command::Restore(a) => restore::run(a).await,
         }
     })
 }

@@ -23,6 +23,7 @@ pub mod cold;
 pub mod evict;
 pub mod keys;
 pub mod manifest;
+pub mod restore;
 pub mod upload;
 pub mod worker;
 
