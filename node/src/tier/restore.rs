@@ -80,12 +80,15 @@ pub async fn restore(
         }
         manifests.push(m);
     }
-    if let Some(t) = only
-        && manifests.is_empty()
-    {
-        return Err(Error::Other(format!(
-            "tablet {t} has no manifest in the bucket"
-        )));
+    if manifests.is_empty() {
+        // Nothing to restore is almost always the wrong cell id or URL.
+        return Err(Error::Other(match only {
+            Some(t) => format!("tablet {t} has no manifest in the bucket"),
+            None => format!(
+                "no manifest of cell {} under {}",
+                tier.options.cell, tier.options.url
+            ),
+        }));
     }
     std::fs::create_dir_all(data_dir).map_err(|e| Error::Io {
         context: format!("create {}", data_dir.display()),
