@@ -492,10 +492,12 @@ impl Node {
                 .tablet
                 .segment_dir
                 .join(crate::segment::file_name(&seg.id));
-            // A segment with a cold copy is read from the bucket instead
-            // (the install opens it there): only the rest crosses the
-            // node transport.
-            if path.exists() || (seg.cold.is_some() && self.options.tier.is_some()) {
+            // A segment in the bucket is read from there instead (the
+            // install opens it remotely): only the rest crosses the node
+            // transport (node::tier).
+            if path.exists()
+                || crate::tier::in_bucket(self.options.tier.as_ref(), r.tablet.id, &seg).await
+            {
                 continue;
             }
             // Streamed to a part file, verified, then renamed into place:

@@ -255,6 +255,29 @@ impl Tier {
     }
 }
 
+/// True when `seg` of `tablet` can be read from the bucket: its `Uploaded`
+/// has applied, or the object is there with the segment's size (a snapshot
+/// built before `Uploaded` applied still names uploaded segments). A
+/// replica installing a snapshot then reads it from the bucket instead of
+/// fetching it from the leader.
+pub async fn in_bucket(
+    tier: Option<&Arc<Tier>>,
+    tablet: u64,
+    seg: &crate::catalog::SegmentRef,
+) -> bool {
+    use object_store::ObjectStoreExt;
+    let Some(tier) = tier else {
+        return false;
+    };
+    if seg.cold.is_some() {
+        return true;
+    }
+    matches!(
+        tier.store.head(&tier.segment_key(tablet, &seg.id)).await,
+        Ok(meta) if meta.size == seg.bytes
+    )
+}
+
 /// Parses the store URL into a store and a key prefix.
 pub fn open_store(options: &TierOptions) -> Result<(Arc<dyn ObjectStore>, ObjectPath)> {
     let url = options.url.as_str();
