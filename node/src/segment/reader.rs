@@ -26,6 +26,9 @@ pub trait RangeRead: Send + Sync + std::fmt::Debug {
     fn byte_len(&self) -> u64;
     /// Exactly `len` bytes at `offset`, or an error.
     fn read_at(&self, offset: u64, len: usize) -> std::io::Result<Vec<u8>>;
+    /// Called when bytes from this source failed a check: drop anything
+    /// cached, so the next read fetches them again.
+    fn invalidate(&self) {}
 }
 
 /// Where a reader's bytes come from.
@@ -319,6 +322,18 @@ impl SegmentReader {
     /// Reads block `i`, checks its crc32c, decompresses it within its declared
     /// size and checks the rows against the block index and the header.
     fn read_block(&self, i: usize) -> Result<Vec<Row>> {
+        match (self.read_block_once(i), &self.file) {
+            // Damage may be in a cached copy or in transit: fetch once more
+            // from the source; damage that persists is reported.
+            (Err(Error::Corrupt { .. }), Source::Remote(remote)) => {
+                remote.invalidate();
+                self.read_block_once(i)
+            }
+            (result, _) => result,
+        }
+    }
+
+    fn read_block_once(&self, i: usize) -> Result<Vec<Row>> {
         let meta = &self.blocks[i];
         let at = meta.offset;
         // Lengths were bounded by the file geometry in open_structure.

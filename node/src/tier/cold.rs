@@ -80,6 +80,18 @@ impl Cache {
         }
     }
 
+    /// Drops the cached chunks of one segment.
+    pub fn remove_segment(&self, id: &str) {
+        let mut g = self.inner.lock().expect("cache lock poisoned");
+        let keys: Vec<Key> = g.map.keys().filter(|k| k.0 == id).cloned().collect();
+        for k in keys {
+            if let Some((v, t)) = g.map.remove(&k) {
+                g.bytes -= v.len() as u64;
+                g.lru.remove(&t);
+            }
+        }
+    }
+
     /// Drops every cached range (benches measure a cold cache with it).
     pub fn clear(&self) {
         *self.inner.lock().expect("cache lock poisoned") = Inner::default();
@@ -179,6 +191,11 @@ impl ColdSource {
 impl RangeRead for ColdSource {
     fn byte_len(&self) -> u64 {
         self.len
+    }
+
+    fn invalidate(&self) {
+        self.tier.stats.cold_corrupt.fetch_add(1, Ordering::Relaxed);
+        self.tier.cache.remove_segment(&self.id);
     }
 
     fn read_at(&self, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {

@@ -193,3 +193,62 @@ async fn loser_with_the_winners_state_moves_on() {
     let m = manifest::read(&store, &prefix, "c", 3, 1).await.unwrap();
     assert_eq!(m, manifest(1, 5));
 }
+
+/// A damaged cached chunk is dropped and fetched again (the read succeeds
+/// with the right rows); damage in the bucket itself is reported as
+/// `Corrupt`, never returned as rows.
+#[test]
+fn damaged_cold_bytes_are_refetched_once_then_reported() {
+    let (id, bytes) = crate::segment::sample_segment(300, |i| vec![i as u8; 500]);
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let tier = super::Tier::with_store(
+        TierOptions::new("memory:///", "c"),
+        store.clone(),
+        Path::default(),
+    )
+    .unwrap();
+    let key = tier.segment_key(1, &id);
+    let (s, k, b) = (store.clone(), key.clone(), bytes.clone());
+    tier.block_on(async move { Ok(s.put(&k, PutPayload::from(b)).await?) })
+        .unwrap();
+    let seg = crate::catalog::SegmentRef {
+        id: id.clone(),
+        bytes: bytes.len() as u64,
+        rows: 300,
+        log_first: 1,
+        log_last: 300,
+        ts_min: 0,
+        ts_max: 299,
+        cold: None,
+    };
+    let reader = super::cold::open_reader(&tier, 1, &seg).unwrap();
+    let expected = reader.scan("a/b", b"", 0, u64::MAX).unwrap();
+    assert_eq!(expected.len(), 300);
+
+    // Damage the cached chunk holding the first block.
+    let at = reader.block_offsets()[0] + 20;
+    let chunk = at / super::cold::CHUNK_BYTES;
+    let mut damaged = tier
+        .cache
+        .get(&(id.clone(), chunk))
+        .unwrap()
+        .as_ref()
+        .clone();
+    damaged[(at % super::cold::CHUNK_BYTES) as usize] ^= 0xff;
+    tier.cache.insert((id.clone(), chunk), Arc::new(damaged));
+    assert_eq!(reader.scan("a/b", b"", 0, u64::MAX).unwrap(), expected);
+
+    // Damage in the bucket: reported, twice in a row.
+    let mut bad = bytes.clone();
+    bad[at as usize] ^= 0xff;
+    let (s, k) = (store.clone(), key.clone());
+    tier.block_on(async move { Ok(s.put(&k, PutPayload::from(bad)).await?) })
+        .unwrap();
+    tier.cache.clear();
+    for _ in 0..2 {
+        match reader.scan("a/b", b"", 0, u64::MAX) {
+            Err(crate::segment::Error::Corrupt { .. }) => {}
+            other => panic!("damaged bucket object read as {other:?}"),
+        }
+    }
+}
