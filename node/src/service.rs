@@ -372,9 +372,9 @@ impl DataService {
         self.read_barrier(&r, &req.read).await?;
         let tablet = r.tablet.clone();
         let ((row, watermark), cold) = tokio::task::spawn_blocking(move || {
-            let data = tablet.read();
-            let (row, cold) = crate::tier::cold::counted(|| data.latest(&req.namespace, &req.key));
-            row.map(|row| ((row, data.applied_index()), cold))
+            let (row, cold) =
+                crate::tier::cold::counted(|| tablet.latest_unlocked(&req.namespace, &req.key));
+            row.map(|row| (row, cold))
         })
         .await
         .map_err(|e| ApiError::Unavailable {
@@ -398,9 +398,8 @@ impl DataService {
         let ts_to = ts_to_of(req.ts_to);
         let after = cursor.map(|c| (c.ts, c.index, c.slot));
         let ((rows, watermark), cold) = tokio::task::spawn_blocking(move || {
-            let data = tablet.read();
             let (rows, cold) = crate::tier::cold::counted(|| {
-                data.scan_key(
+                tablet.scan_key_unlocked(
                     &req.namespace,
                     &req.key,
                     req.ts_from,
@@ -409,7 +408,7 @@ impl DataService {
                     limit + 1,
                 )
             });
-            rows.map(|rows| ((rows, data.applied_index()), cold))
+            rows.map(|rows| (rows, cold))
         })
         .await
         .map_err(|e| ApiError::Unavailable {
@@ -471,10 +470,9 @@ impl DataService {
             let prefix = req.key_prefix.clone();
             let from = req.ts_from;
             let result = tokio::task::spawn_blocking(move || {
-                let data = tablet.read();
                 let (rows, read) =
-                    crate::tier::cold::counted(|| data.scan(&ns, &prefix, from, ts_to));
-                rows.map(|rows| (rows, data.applied_index(), read))
+                    crate::tier::cold::counted(|| tablet.scan_unlocked(&ns, &prefix, from, ts_to));
+                rows.map(|(rows, applied)| (rows, applied, read))
             })
             .await
             .map_err(|e| ApiError::Unavailable {

@@ -227,6 +227,127 @@ impl Tablet {
     }
 }
 
+/// The read path without holding the tablet lock across segment reads.
+///
+/// The lock is held only to read the memtables and clone the list of
+/// segment readers; segment reads (cold GETs among them, which can take
+/// milliseconds each) then run unlocked, so a long cold scan never stalls
+/// apply. Each row is still seen exactly once: at the moment of the lock it
+/// is in a memtable, a frozen memtable or a published segment, segments are
+/// immutable, and a reader swapped out by eviction stays valid (its file
+/// handle or its cold source).
+impl Tablet {
+    /// [`TabletData::scan`] and the applied index it reflects.
+    pub fn scan_unlocked(
+        &self,
+        namespace: &str,
+        prefix: &[u8],
+        ts_from: u64,
+        ts_to: u64,
+    ) -> Result<(Vec<Row>, u64)> {
+        let (mut rows, segments, applied) = {
+            let d = self.read();
+            let mut rows = d.memtable.scan(namespace, prefix, ts_from, ts_to);
+            for f in &d.frozen {
+                rows.extend(f.memtable.scan(namespace, prefix, ts_from, ts_to));
+            }
+            let (segments, applied) = (
+                d.segments
+                    .iter()
+                    .map(|(_, r)| r.clone())
+                    .collect::<Vec<_>>(),
+                d.applied_index(),
+            );
+            (rows, segments, applied)
+        };
+        for seg in &segments {
+            rows.extend(
+                seg.scan(namespace, prefix, ts_from, ts_to)
+                    .map_err(crate::Error::from)?,
+            );
+        }
+        rows.sort_by(|a, b| (a.ts, &a.key, a.index, a.slot).cmp(&(b.ts, &b.key, b.index, b.slot)));
+        Ok((rows, applied))
+    }
+
+    /// [`TabletData::scan_key`] and the applied index it reflects.
+    pub fn scan_key_unlocked(
+        &self,
+        namespace: &str,
+        key: &[u8],
+        ts_from: u64,
+        ts_to: u64,
+        after: Option<(u64, u64, u32)>,
+        limit: usize,
+    ) -> Result<(Vec<Row>, u64)> {
+        let (mut rows, segments, applied) = {
+            let d = self.read();
+            let mut rows = d
+                .memtable
+                .scan_key(namespace, key, ts_from, ts_to, after, limit);
+            for f in &d.frozen {
+                rows.extend(
+                    f.memtable
+                        .scan_key(namespace, key, ts_from, ts_to, after, limit),
+                );
+            }
+            let (segments, applied) = (
+                d.segments
+                    .iter()
+                    .map(|(_, r)| r.clone())
+                    .collect::<Vec<_>>(),
+                d.applied_index(),
+            );
+            (rows, segments, applied)
+        };
+        for seg in &segments {
+            if !seg.may_contain_key(namespace, key) {
+                continue;
+            }
+            rows.extend(
+                seg.scan_key(namespace, key, ts_from, ts_to, after, limit)
+                    .map_err(crate::Error::from)?,
+            );
+        }
+        rows.sort_by_key(|r| (r.ts, r.index, r.slot));
+        rows.truncate(limit);
+        Ok((rows, applied))
+    }
+
+    /// [`TabletData::latest`] and the applied index it reflects.
+    pub fn latest_unlocked(&self, namespace: &str, key: &[u8]) -> Result<(Option<Row>, u64)> {
+        let (segments, applied) = {
+            let d = self.read();
+            if let Some(row) = d.memtable.latest(namespace, key) {
+                return Ok((Some(row), d.applied_index()));
+            }
+            for f in d.frozen.iter().rev() {
+                if let Some(row) = f.memtable.latest(namespace, key) {
+                    return Ok((Some(row), d.applied_index()));
+                }
+            }
+            // The segments and the watermark of the same moment as the
+            // memtables just read.
+            (
+                d.segments
+                    .iter()
+                    .map(|(_, r)| r.clone())
+                    .collect::<Vec<_>>(),
+                d.applied_index(),
+            )
+        };
+        for seg in segments.iter().rev() {
+            if !seg.may_contain_key(namespace, key) {
+                continue;
+            }
+            if let Some(row) = seg.latest(namespace, key).map_err(crate::Error::from)? {
+                return Ok((Some(row), applied));
+            }
+        }
+        Ok((None, applied))
+    }
+}
+
 impl TabletData {
     /// Applied log index (the read watermark).
     pub fn applied_index(&self) -> u64 {
