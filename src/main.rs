@@ -187,6 +187,11 @@ struct ColdTierArgs {
     /// Bytes of cold blocks cached in memory.
     #[arg(long, default_value_t = 256 << 20)]
     cold_cache_bytes_max: u64,
+    /// Namespace retention, `NAMESPACE=SECONDS` (repeatable): whole
+    /// segments of that namespace older than the period are dropped, locally
+    /// and in the bucket. Needs --object-store.
+    #[arg(long)]
+    retention: Vec<String>,
 }
 
 impl ColdTierArgs {
@@ -213,6 +218,9 @@ impl ColdTierArgs {
         if self.s3_allow_http {
             out.push("--s3-allow-http".into());
         }
+        for r in &self.retention {
+            out.extend(["--retention".to_string(), r.clone()]);
+        }
         out
     }
 
@@ -234,6 +242,16 @@ impl ColdTierArgs {
         o.s3_secret_access_key = self.s3_secret_access_key.clone();
         o.hot_age = Duration::from_secs(self.hot_age_s);
         o.cache_bytes_max = self.cold_cache_bytes_max;
+        for r in &self.retention {
+            let (ns, secs) = r
+                .rsplit_once('=')
+                .with_context(|| format!("--retention {r:?}: want NAMESPACE=SECONDS"))?;
+            let secs: u64 = secs
+                .parse()
+                .with_context(|| format!("--retention {r:?}: {secs:?} is not seconds"))?;
+            o.retention
+                .insert(ns.to_string(), Duration::from_secs(secs));
+        }
         let tier =
             stele_node::tier::Tier::open(o).with_context(|| format!("object store {url}"))?;
         Ok(Some(tier))

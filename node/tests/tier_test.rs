@@ -685,3 +685,91 @@ async fn s3_create_if_absent_semantics() {
         Outcome::AlreadyPresent
     );
 }
+
+/// Namespace retention drops whole segments of an expired namespace,
+/// locally and in the bucket (after a manifest without them is published),
+/// here after they were uploaded and evicted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_drops_expired_segments_locally_and_in_the_bucket() {
+    let bucket = tempfile::tempdir().unwrap();
+    let opts = tier_options(&format!("file://{}", bucket.path().display()));
+    let dir = tempfile::tempdir().unwrap();
+    let tier = Tier::open(opts.clone()).expect("tier");
+    let mut n = start(options(dir.path(), tier.clone())).await;
+    n.ingest(40, 10).await;
+    n.seal_all().await;
+    n.wait_all_cold().await;
+    wait_manifests(&tier, 1).await;
+    n.stop().await;
+    drop(tier);
+
+    // Restart with a retention period: rows were written with ts about
+    // 1 ms after the epoch, long expired.
+    let mut opts = opts;
+    opts.retention
+        .insert(NS.to_string(), Duration::from_secs(3600));
+    let tier = Tier::open(opts).expect("tier");
+    let mut n = start(options(dir.path(), tier.clone())).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let segs: usize = n
+            .node
+            .replicas
+            .values()
+            .map(|r| r.tablet.read().segments.len())
+            .sum();
+        let rows = n.read_all().await.0.len();
+        let objects: Vec<String> = tier
+            .store
+            .list(Some(&tier.prefix))
+            .map_ok(|m| m.location.to_string())
+            .try_collect()
+            .await
+            .unwrap();
+        let seg_objects = objects.iter().filter(|k| k.ends_with(".seg")).count();
+        if segs == 0 && rows == 0 && seg_objects == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "retention did not drop: {segs} segments, {rows} rows, {seg_objects} objects"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Every tablet's latest manifest names no segment.
+    for id in n.node.replicas.keys() {
+        let store = tier.store.as_ref();
+        if let Some(g) =
+            stele_node::tier::manifest::latest_generation(store, &tier.prefix, "cell-7", *id)
+                .await
+                .unwrap()
+        {
+            let m = stele_node::tier::manifest::read(store, &tier.prefix, "cell-7", *id, g)
+                .await
+                .unwrap();
+            assert!(m.segments.is_empty(), "{m:?}");
+        }
+    }
+    assert_eq!(local_segment_files(dir.path()), 0);
+    n.stop().await;
+}
+
+/// Retention never touches a namespace without a period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_keeps_namespaces_without_a_period() {
+    let bucket = tempfile::tempdir().unwrap();
+    let mut opts = tier_options(&format!("file://{}", bucket.path().display()));
+    opts.retention
+        .insert("some/other".to_string(), Duration::from_secs(1));
+    let tier = Tier::open(opts).expect("tier");
+    let dir = tempfile::tempdir().unwrap();
+    let mut n = start(options(dir.path(), tier.clone())).await;
+    n.ingest(40, 10).await;
+    let hot = n.read_all().await;
+    n.seal_all().await;
+    n.wait_all_cold().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = n.read_all().await;
+    assert_eq!(after.0, hot.0);
+    n.stop().await;
+}

@@ -98,6 +98,13 @@ pub enum TabletCommand {
         bytes: u64,
         file_xxh3: u64,
     },
+    /// Namespace retention: every replica drops published segment `segment`
+    /// (all its rows are past their namespace's retention) from its catalog
+    /// and deletes the local file. The leader deletes the object once a
+    /// manifest without it is published.
+    DropSegment {
+        segment: String,
+    },
 }
 
 /// The result of applying a [`TabletCommand`].
@@ -135,6 +142,7 @@ impl std::fmt::Display for TabletCommand {
             ),
             TabletCommand::Seal { reason } => write!(f, "Seal({reason:?})"),
             TabletCommand::Uploaded { segment, .. } => write!(f, "Uploaded({segment})"),
+            TabletCommand::DropSegment { segment } => write!(f, "DropSegment({segment})"),
         }
     }
 }

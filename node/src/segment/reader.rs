@@ -136,6 +136,17 @@ impl SegmentReader {
         self.blocks.iter().map(|b| b.offset).collect()
     }
 
+    /// The one namespace every row of the segment belongs to, if there is
+    /// one (every block starts and ends in it; rows are sorted by namespace
+    /// first, so no other namespace can hide inside).
+    pub fn sole_namespace(&self) -> Option<&str> {
+        let first = self.blocks.first()?.first_namespace.as_str();
+        self.blocks
+            .iter()
+            .all(|b| b.first_namespace == first && b.last_namespace == first)
+            .then_some(first)
+    }
+
     /// False means the segment holds no row of this key; true means it may.
     pub fn may_contain_key(&self, namespace: &str, key: &[u8]) -> bool {
         self.bloom.may_contain(namespace, key)

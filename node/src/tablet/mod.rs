@@ -80,6 +80,9 @@ pub struct TabletData {
     /// Cold copies of segments `Uploaded` named before this replica's seal
     /// published them (a follower's seal worker can lag its apply).
     pub cold_early: std::collections::BTreeMap<String, crate::catalog::ColdCopy>,
+    /// Segments `DropSegment` named before this replica's seal published
+    /// them: the seal drops them instead of publishing.
+    pub dropped_early: std::collections::BTreeSet<String>,
 }
 
 /// Counters of a tablet, read by status and tests.
@@ -191,6 +194,7 @@ impl Tablet {
                 checkpoint: record.checkpoint,
                 clock_us,
                 cold_early: Default::default(),
+                dropped_early: Default::default(),
             }),
         }))
     }

@@ -110,6 +110,15 @@ fn commit(
     {
         r.cold = Some(cold);
     }
+    // Retention dropped this segment (on the leader) before it published
+    // here: the checkpoint moves past its rows, the segment is not kept.
+    if let Some((r, _)) = &seg
+        && data.dropped_early.remove(&r.id)
+    {
+        let path = tablet.segment_dir.join(segment::file_name(&r.id));
+        let _ = std::fs::remove_file(&path);
+        seg = None;
+    }
     let applied_state = encode(&(Some(plan.seal_log_id), plan.membership.clone()));
     let mut record = tablet.record(data, applied_state);
     if let Some((r, _)) = &seg {

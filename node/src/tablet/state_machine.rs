@@ -212,6 +212,10 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
                         );
                         TabletResponse::None
                     }
+                    EntryPayload::Normal(TabletCommand::DropSegment { segment }) => {
+                        crate::tier::retention::drop_segment(&self.tablet, &mut data, segment);
+                        TabletResponse::None
+                    }
                     EntryPayload::Normal(TabletCommand::Seal { .. }) => {
                         let memtable = std::mem::take(&mut data.memtable);
                         let membership = data.membership.clone();
@@ -317,6 +321,7 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
             checkpoint_membership: membership.clone(),
             clock_us,
             cold_early: Default::default(),
+            dropped_early: Default::default(),
         };
         // The unsealed rows of the snapshot exist nowhere durable on this
         // replica once openraft purges the log up to the snapshot: seal them

@@ -24,6 +24,7 @@ pub mod evict;
 pub mod keys;
 pub mod manifest;
 pub mod restore;
+pub mod retention;
 pub mod upload;
 pub mod worker;
 
@@ -100,6 +101,10 @@ pub struct TierOptions {
     pub read_timeout: Duration,
     /// How often the worker looks for work.
     pub interval: Duration,
+    /// Namespace retention: segments whose rows all belong to one of these
+    /// namespaces and are older (by row ts, microseconds) than its period
+    /// are dropped, locally and in the bucket.
+    pub retention: std::collections::BTreeMap<String, Duration>,
 }
 
 impl TierOptions {
@@ -123,6 +128,7 @@ impl TierOptions {
             upload_backoff: Duration::from_millis(200),
             read_timeout: Duration::from_secs(30),
             interval: Duration::from_secs(1),
+            retention: Default::default(),
         }
     }
 

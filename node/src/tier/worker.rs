@@ -30,6 +30,9 @@ struct State {
     confirmed: HashSet<String>,
     /// Per tablet: the segment ids and checkpoint of the last manifest seen.
     published: HashMap<u64, (Vec<String>, u64)>,
+    /// Segments dropped by retention whose objects go once a manifest
+    /// without them is published: (tablet, segment id).
+    to_delete: Vec<(u64, String)>,
 }
 
 /// Runs until the node shuts down.
@@ -50,12 +53,18 @@ pub async fn run(node: Arc<Node>, tier: Arc<Tier>) {
 async fn round(node: &Node, tier: &Arc<Tier>, state: &mut State) {
     let replicas: Vec<Arc<Replica>> = node.replicas.values().cloned().collect();
     let leaders: Vec<&Arc<Replica>> = replicas.iter().filter(|r| r.is_leader()).collect();
+    if !tier.options.retention.is_empty() {
+        for r in &leaders {
+            apply_retention(tier, r, state).await;
+        }
+    }
     upload_pending(tier, &leaders).await;
     for r in &leaders {
         if let Err(e) = publish_manifest(tier, r, state).await {
             tracing::warn!(tablet = r.tablet.id, error = %e, "manifest publish failed; retried next round");
         }
     }
+    delete_dropped(tier, state).await;
     for r in &replicas {
         if let Err(e) = evict_replica(tier, r, state).await {
             tracing::warn!(tablet = r.tablet.id, error = %e, "eviction round failed");
@@ -112,11 +121,69 @@ async fn upload_pending(tier: &Arc<Tier>, leaders: &[&Arc<Replica>]) {
         .await;
 }
 
+/// Proposes `DropSegment` for the leader's segments past their namespace's
+/// retention ([`super::retention::plan`]).
+async fn apply_retention(tier: &Tier, r: &Replica, state: &mut State) {
+    let segs: Vec<super::retention::Seg> = r
+        .tablet
+        .read()
+        .segments
+        .iter()
+        .map(|(s, reader)| super::retention::Seg {
+            id: s.id.clone(),
+            namespace: reader.sole_namespace().map(str::to_owned),
+            ts_max: s.ts_max,
+        })
+        .collect();
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64);
+    for id in super::retention::plan(&segs, &tier.options.retention, now_us) {
+        let cmd = TabletCommand::DropSegment {
+            segment: id.clone(),
+        };
+        match r.raft.client_write(cmd).await {
+            Ok(_) => {
+                tracing::info!(tablet = r.tablet.id, segment = %id, "segment dropped by namespace retention");
+                state.to_delete.push((r.tablet.id, id));
+            }
+            Err(e) => {
+                tracing::debug!(tablet = r.tablet.id, error = %e, "DropSegment not proposed; retried next round")
+            }
+        }
+    }
+}
+
+/// Deletes the objects of dropped segments once the tablet's latest
+/// manifest no longer names them (a restore must never miss a segment a
+/// manifest names). Missing objects are fine (never uploaded).
+async fn delete_dropped(tier: &Tier, state: &mut State) {
+    let mut keep = Vec::new();
+    for (tablet, id) in std::mem::take(&mut state.to_delete) {
+        let published = state.published.get(&tablet);
+        if published.is_none_or(|(ids, _)| ids.contains(&id)) {
+            keep.push((tablet, id));
+            continue;
+        }
+        match tier.store.delete(&tier.segment_key(tablet, &id)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => {
+                tracing::warn!(tablet, segment = %id, error = %e, "object of a dropped segment not deleted; retried");
+                keep.push((tablet, id));
+            }
+        }
+    }
+    state.to_delete = keep;
+}
+
+// The entry API does not fit: the bucket is read between the check and the
+// insert.
+#[allow(clippy::map_entry)]
 async fn publish_manifest(tier: &Arc<Tier>, r: &Replica, state: &mut State) -> Result<()> {
     let t = &r.tablet;
     let (segments, checkpoint) = {
         let data = t.read();
-        if data.segments.is_empty() || data.segments.iter().any(|(s, _)| s.cold.is_none()) {
+        if data.segments.iter().any(|(s, _)| s.cold.is_none()) {
             return Ok(());
         }
         let segs: Vec<SegmentRef> = data.segments.iter().map(|(s, _)| s.clone()).collect();
@@ -127,13 +194,22 @@ async fn publish_manifest(tier: &Arc<Tier>, r: &Replica, state: &mut State) -> R
     if state.published.get(&t.id) == Some(&(ids.clone(), checkpoint)) {
         return Ok(());
     }
-    if !state.published.contains_key(&t.id)
-        && let Some(g) =
-            manifest::latest_generation(tier.store.as_ref(), &tier.prefix, &cell, t.id).await?
-    {
-        let m = manifest::read(tier.store.as_ref(), &tier.prefix, &cell, t.id, g).await?;
-        let seen: Vec<String> = m.segments.iter().map(|s| s.id.clone()).collect();
-        state.published.insert(t.id, (seen, m.checkpoint));
+    if !state.published.contains_key(&t.id) {
+        // Once per tablet (per worker): what the bucket already holds.
+        match manifest::latest_generation(tier.store.as_ref(), &tier.prefix, &cell, t.id).await? {
+            Some(g) => {
+                let m = manifest::read(tier.store.as_ref(), &tier.prefix, &cell, t.id, g).await?;
+                let seen: Vec<String> = m.segments.iter().map(|s| s.id.clone()).collect();
+                state.published.insert(t.id, (seen, m.checkpoint));
+            }
+            // No manifest and no segment: nothing to publish until a
+            // segment exists (remembered, so idle tablets LIST once).
+            None if ids.is_empty() => {
+                state.published.insert(t.id, (ids, checkpoint));
+                return Ok(());
+            }
+            None => {}
+        }
         if state.published.get(&t.id) == Some(&(ids.clone(), checkpoint)) {
             return Ok(());
         }
