@@ -6,6 +6,7 @@
 mod cellops;
 mod dev_cell;
 mod ops;
+mod restore;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -54,6 +55,8 @@ enum Command {
     /// Cell CA and node certificates for node-to-node mutual TLS.
     #[command(subcommand)]
     Cert(CertCommand),
+    /// Rebuild a cell's tablets from its object store into a new data directory.
+    Restore(restore::RestoreArgs),
 }
 
 #[derive(Subcommand)]
@@ -186,6 +189,110 @@ struct Tuning {
     /// its leader for a random time in [T, 2T) campaigns; heartbeats every T/3.
     #[arg(long, default_value_t = 3000)]
     election_timeout_ms: u64,
+    #[command(flatten)]
+    cold: ColdTierArgs,
+}
+
+/// The cold tier (object storage). `stele dev` defaults to
+/// `file://<data-dir>/bucket`; `stele server` has none unless given.
+#[derive(clap::Args, Clone)]
+struct ColdTierArgs {
+    /// Object store for sealed segments: `file:///abs/dir` or
+    /// `s3://bucket/prefix`. S3 credentials come from --s3-access-key-id /
+    /// --s3-secret-access-key or the standard AWS_* environment variables.
+    #[arg(long)]
+    object_store: Option<String>,
+    /// Opaque cell id, part of every object key ([a-z0-9-], at most 64).
+    #[arg(long, default_value = "dev")]
+    cell_id: String,
+    /// S3 endpoint override (path-style requests); http is allowed for
+    /// loopback endpoints, elsewhere only with --s3-allow-http.
+    #[arg(long)]
+    s3_endpoint: Option<String>,
+    #[arg(long)]
+    s3_region: Option<String>,
+    #[arg(long)]
+    s3_allow_http: bool,
+    #[arg(long)]
+    s3_access_key_id: Option<String>,
+    #[arg(long)]
+    s3_secret_access_key: Option<String>,
+    /// Keep an uploaded segment locally at least this long (seconds) unless
+    /// the disk passes 70% used.
+    #[arg(long, default_value_t = 24 * 3600)]
+    hot_age_s: u64,
+    /// Bytes of cold blocks cached in memory.
+    #[arg(long, default_value_t = 256 << 20)]
+    cold_cache_bytes_max: u64,
+    /// Namespace retention, `NAMESPACE=SECONDS` (repeatable): whole
+    /// segments of that namespace older than the period are dropped, locally
+    /// and in the bucket. Needs --object-store.
+    #[arg(long)]
+    retention: Vec<String>,
+}
+
+impl ColdTierArgs {
+    fn to_args(&self) -> Vec<String> {
+        let mut out = vec![
+            "--cell-id".to_string(),
+            self.cell_id.clone(),
+            "--hot-age-s".into(),
+            self.hot_age_s.to_string(),
+            "--cold-cache-bytes-max".into(),
+            self.cold_cache_bytes_max.to_string(),
+        ];
+        for (flag, v) in [
+            ("--object-store", &self.object_store),
+            ("--s3-endpoint", &self.s3_endpoint),
+            ("--s3-region", &self.s3_region),
+            ("--s3-access-key-id", &self.s3_access_key_id),
+            ("--s3-secret-access-key", &self.s3_secret_access_key),
+        ] {
+            if let Some(v) = v {
+                out.extend([flag.to_string(), v.clone()]);
+            }
+        }
+        if self.s3_allow_http {
+            out.push("--s3-allow-http".into());
+        }
+        for r in &self.retention {
+            out.extend(["--retention".to_string(), r.clone()]);
+        }
+        out
+    }
+
+    /// The node's cold tier, if one is configured.
+    fn open(&self) -> anyhow::Result<Option<Arc<stele_node::tier::Tier>>> {
+        let Some(url) = &self.object_store else {
+            return Ok(None);
+        };
+        let mut o = stele_node::tier::TierOptions::new(url.clone(), self.cell_id.clone());
+        o.s3_endpoint = self.s3_endpoint.clone();
+        o.s3_region = self.s3_region.clone();
+        let loopback = self.s3_endpoint.as_deref().is_some_and(|e| {
+            ["http://127.", "http://localhost", "http://[::1]"]
+                .iter()
+                .any(|p| e.starts_with(p))
+        });
+        o.s3_allow_http = self.s3_allow_http || loopback;
+        o.s3_access_key_id = self.s3_access_key_id.clone();
+        o.s3_secret_access_key = self.s3_secret_access_key.clone();
+        o.hot_age = Duration::from_secs(self.hot_age_s);
+        o.cache_bytes_max = self.cold_cache_bytes_max;
+        for r in &self.retention {
+            let (ns, secs) = r
+                .rsplit_once('=')
+                .with_context(|| format!("--retention {r:?}: want NAMESPACE=SECONDS"))?;
+            let secs: u64 = secs
+                .parse()
+                .with_context(|| format!("--retention {r:?}: {secs:?} is not seconds"))?;
+            o.retention
+                .insert(ns.to_string(), Duration::from_secs(secs));
+        }
+        let tier =
+            stele_node::tier::Tier::open(o).with_context(|| format!("object store {url}"))?;
+        Ok(Some(tier))
+    }
 }
 
 impl Tuning {
@@ -216,6 +323,7 @@ impl Tuning {
         ]
         .into_iter()
         .flat_map(|(k, v)| [k.to_string(), v])
+        .chain(self.cold.to_args())
         .collect()
     }
 }
@@ -455,7 +563,15 @@ fn run() -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async move {
         match cli.command {
-            Command::Dev(a) => {
+            Command::Dev(mut a) => {
+                if a.tuning.cold.object_store.is_none() {
+                    // Dev default: a local bucket beside the nodes' data,
+                    // shared by every node of a dev cell.
+                    std::fs::create_dir_all(&a.data_dir)?;
+                    let abs = std::fs::canonicalize(&a.data_dir)?;
+                    a.tuning.cold.object_store =
+                        Some(format!("file://{}", abs.join("bucket").display()));
+                }
                 anyhow::ensure!(
                     a.listen.ip().is_loopback(),
                     "stele dev serves plaintext and listens on loopback only; got {}",
@@ -468,7 +584,8 @@ fn run() -> anyhow::Result<()> {
                     };
                     return dev_cell::run(&a.data_dir, a.listen, a.nodes, flags).await;
                 }
-                let o = node_options(a.data_dir, 1, a.tablets, String::new(), &a.tuning);
+                let mut o = node_options(a.data_dir, 1, a.tablets, String::new(), &a.tuning);
+                o.tier = a.tuning.cold.open()?;
                 run_server(o, a.listen, "dev", None, ControlRoles::node_only()).await
             }
             Command::Server(a) => {
@@ -516,6 +633,9 @@ fn run() -> anyhow::Result<()> {
                 };
                 let mut o = node_options(node_dir, a.node_id, a.tablets, String::new(), &a.tuning);
                 o.controlled = controlled;
+                if is_node {
+                    o.tier = a.tuning.cold.open()?;
+                }
                 if controlled {
                     let listen = a.peer_listen.context("--controllers needs --peer-listen")?;
                     let certs = a
@@ -585,6 +705,7 @@ fn run() -> anyhow::Result<()> {
             Command::Cell(c) => cellops::run_cell(c).await,
             Command::NodeCmd(c) => cellops::run_node(c).await,
             Command::Tablet(c) => cellops::run_tablet(c).await,
+            Command::Restore(a) => restore::run(a).await,
         }
     })
 }

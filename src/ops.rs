@@ -574,6 +574,11 @@ pub async fn run_status(args: StatusArgs) -> anyhow::Result<()> {
         ("snapshots_installed", s.snapshots_installed),
         ("heartbeat_rounds", s.heartbeat_rounds),
         ("campaigns", s.campaigns),
+        ("segments_uploaded", s.segments_uploaded),
+        ("segments_evicted", s.segments_evicted),
+        ("manifests_published", s.manifests_published),
+        ("cold_bytes_fetched", s.cold_bytes_fetched),
+        ("cold_bytes_cached", s.cold_bytes_cached),
     ];
     let mut out = std::io::stdout().lock();
     if args.json {

@@ -127,6 +127,7 @@ fn page(rows: Vec<Row>, cursor: &[u8], limit: u32) -> pb::ScanResponse {
         next_cursor,
         watermark: 1,
         missing_tablets: Vec::new(),
+        ..Default::default()
     }
 }
 
@@ -242,7 +243,11 @@ impl Data for FakeNode {
             .rev()
             .find(|(ns, r)| *ns == req.namespace && r.key == req.key)
             .map(|(_, r)| r.clone());
-        Ok(Response::new(pb::GetResponse { row, watermark: 1 }))
+        Ok(Response::new(pb::GetResponse {
+            row,
+            watermark: 1,
+            ..Default::default()
+        }))
     }
 
     async fn scan_key(

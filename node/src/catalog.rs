@@ -40,6 +40,22 @@ pub struct SegmentRef {
     pub log_last: u64,
     pub ts_min: u64,
     pub ts_max: u64,
+    /// The cold copy in object storage, once an `Uploaded` command for this
+    /// segment has applied. Added after catalog format 1 shipped: absent in
+    /// older records (`None`), and omitted when `None`, so records without a
+    /// cold copy encode exactly as before (docs/FORMAT.md, catalog).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cold: Option<ColdCopy>,
+}
+
+/// What `Uploaded` recorded about a segment's object: enough for a replica
+/// to confirm the object before dropping its local file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ColdCopy {
+    /// Object size (the segment's length).
+    pub bytes: u64,
+    /// The whole-file xxh3-64 stored in the segment's trailer.
+    pub file_xxh3: u64,
 }
 
 /// Everything the catalog knows about one tablet replica.
@@ -312,6 +328,7 @@ mod tests {
                 log_last: 10,
                 ts_min: 0,
                 ts_max: 0,
+                cold: None,
             });
             let rows = vec![ReceiptRow {
                 key: b"k1".to_vec(),
@@ -347,6 +364,41 @@ mod tests {
         let r2 = cat.receipts(2).unwrap();
         assert_eq!(r2.len(), 3);
         assert!(r2.iter().all(|r| r.value == vec![2]));
+    }
+
+    /// A SegmentRef written before the cold tier existed (no `cold` key)
+    /// still decodes, and one without a cold copy encodes exactly as before.
+    #[test]
+    fn segment_ref_cold_field_is_back_compatible() {
+        #[derive(Serialize)]
+        struct SegmentRefV0 {
+            id: String,
+            bytes: u64,
+            rows: u64,
+            log_first: u64,
+            log_last: u64,
+            ts_min: u64,
+            ts_max: u64,
+        }
+        let old = to_cbor(&SegmentRefV0 {
+            id: "abc".into(),
+            bytes: 10,
+            rows: 2,
+            log_first: 1,
+            log_last: 5,
+            ts_min: 3,
+            ts_max: 4,
+        });
+        let r: SegmentRef = from_cbor("segment ref", &old).unwrap();
+        assert_eq!(r.cold, None);
+        assert_eq!(to_cbor(&r), old, "no cold copy: same bytes as before");
+        let mut with = r.clone();
+        with.cold = Some(ColdCopy {
+            bytes: 10,
+            file_xxh3: 7,
+        });
+        let back: SegmentRef = from_cbor("segment ref", &to_cbor(&with)).unwrap();
+        assert_eq!(back, with);
     }
 
     #[test]

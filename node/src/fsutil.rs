@@ -71,6 +71,24 @@ pub fn free_bytes(path: &Path) -> io::Result<u64> {
     Ok(st.f_bavail * st.f_frsize)
 }
 
+/// `(total, available)` bytes of the filesystem holding `path`: the disk
+/// watermarks of the cold tier are `1 - available / total`.
+#[allow(unsafe_code)]
+pub fn disk_usage(path: &Path) -> io::Result<(u64, u64)> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path holds a NUL byte"))?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: as in free_bytes.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: statvfs returned 0, so the struct is initialised.
+    let st = unsafe { st.assume_init() };
+    Ok((st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

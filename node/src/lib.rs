@@ -14,6 +14,7 @@ pub mod raft;
 pub mod segment;
 pub mod service;
 pub mod tablet;
+pub mod tier;
 pub mod transport;
 
 pub use error::{Error, Result};

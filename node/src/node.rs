@@ -73,6 +73,9 @@ pub struct NodeOptions {
     /// read index, no lease). A deposed leader then serves stale reads; the
     /// harness must catch them. Set only by `STELE_UNSAFE_LOCAL_READS=1`.
     pub unsafe_local_reads: bool,
+    /// The cold tier (object storage), if configured: uploads, eviction and
+    /// cold reads (`node::tier`).
+    pub tier: Option<Arc<crate::tier::Tier>>,
 }
 
 impl NodeOptions {
@@ -97,6 +100,7 @@ impl NodeOptions {
             peer_filter: Default::default(),
             controlled: false,
             unsafe_local_reads: false,
+            tier: None,
         }
     }
 
@@ -369,7 +373,13 @@ impl Node {
                 .data_dir
                 .join("segments")
                 .join(record.id.to_string());
-            let tablet = Tablet::open(record, dir, catalog.clone(), options.tablet.clone())?;
+            let tablet = Tablet::open_tiered(
+                record,
+                dir,
+                catalog.clone(),
+                options.tablet.clone(),
+                options.tier.clone(),
+            )?;
             let frames = by_tablet.remove(&record.id).unwrap_or_default();
             let (log, replay) = LogStore::recover(
                 record.id,
@@ -446,11 +456,14 @@ impl Node {
             transport: std::sync::OnceLock::new(),
             tasks: Default::default(),
         });
-        let tasks = vec![
+        let mut tasks = vec![
             tokio::spawn(seal_worker(node.clone(), seal_rx)),
             tokio::spawn(policy_loop(node.clone())),
             tokio::spawn(crate::raft::pacer::run(node.clone())),
         ];
+        if let Some(tier) = node.options.tier.clone() {
+            tasks.push(tokio::spawn(crate::tier::worker::run(node.clone(), tier)));
+        }
         *node.tasks.lock().expect("lock poisoned") = tasks;
         Ok(node)
     }
@@ -548,11 +561,12 @@ impl Node {
         }
         let log = LogStore::create(spec.tablet, self.journal.clone(), self.catalog.clone()).await?;
         self.catalog.put_tablet(&record)?;
-        let tablet = Tablet::open(
+        let tablet = Tablet::open_tiered(
             &record,
             dir,
             self.catalog.clone(),
             self.options.tablet.clone(),
+            self.options.tier.clone(),
         )?;
         let sm = StateMachine::new(tablet.clone(), self.seal_tx.clone());
         let raft = (self.raft_factory)(spec.tablet, spec.replica_id, log.clone(), sm).await?;
@@ -700,7 +714,12 @@ impl Node {
                 .tablet
                 .segment_dir
                 .join(crate::segment::file_name(&seg.id));
-            if path.exists() {
+            // A segment in the bucket is read from there instead (the
+            // install opens it remotely): only the rest crosses the node
+            // transport (node::tier).
+            if path.exists()
+                || crate::tier::in_bucket(self.options.tier.as_ref(), r.tablet.id, &seg).await
+            {
                 continue;
             }
             // Streamed to a part file, verified, then renamed into place:

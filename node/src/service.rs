@@ -383,10 +383,10 @@ impl DataService {
         let r = self.key_replica(&req.namespace, &req.key, &req.routing_key)?;
         self.read_barrier(&r, &req.read).await?;
         let tablet = r.tablet.clone();
-        let (row, watermark) = tokio::task::spawn_blocking(move || {
-            let data = tablet.read();
-            data.latest(&req.namespace, &req.key)
-                .map(|row| (row, data.applied_index()))
+        let ((row, watermark), cold) = tokio::task::spawn_blocking(move || {
+            let (row, cold) =
+                crate::tier::cold::counted(|| tablet.latest_unlocked(&req.namespace, &req.key));
+            row.map(|row| (row, cold))
         })
         .await
         .map_err(|e| ApiError::Unavailable {
@@ -396,6 +396,8 @@ impl DataService {
         Ok(pb::GetResponse {
             row: row.map(|row| row_to_pb(r.tablet.id, row)),
             watermark,
+            cold_bytes_fetched: cold.fetched,
+            cold_bytes_cached: cold.cached,
         })
     }
 
@@ -407,17 +409,18 @@ impl DataService {
         let tablet = r.tablet.clone();
         let ts_to = ts_to_of(req.ts_to);
         let after = cursor.map(|c| (c.ts, c.index, c.slot));
-        let (rows, watermark) = tokio::task::spawn_blocking(move || {
-            let data = tablet.read();
-            data.scan_key(
-                &req.namespace,
-                &req.key,
-                req.ts_from,
-                ts_to,
-                after,
-                limit + 1,
-            )
-            .map(|rows| (rows, data.applied_index()))
+        let ((rows, watermark), cold) = tokio::task::spawn_blocking(move || {
+            let (rows, cold) = crate::tier::cold::counted(|| {
+                tablet.scan_key_unlocked(
+                    &req.namespace,
+                    &req.key,
+                    req.ts_from,
+                    ts_to,
+                    after,
+                    limit + 1,
+                )
+            });
+            rows.map(|rows| (rows, cold))
         })
         .await
         .map_err(|e| ApiError::Unavailable {
@@ -443,6 +446,8 @@ impl DataService {
             next_cursor,
             watermark,
             missing_tablets: vec![],
+            cold_bytes_fetched: cold.fetched,
+            cold_bytes_cached: cold.cached,
         })
     }
 
@@ -461,6 +466,7 @@ impl DataService {
         let mut missing = Vec::new();
         let mut all: Vec<(u64, Row)> = Vec::new();
         let mut watermark = u64::MAX;
+        let mut cold = crate::tier::cold::ColdRead::default();
         let ts_to = ts_to_of(req.ts_to);
         for r in covering {
             if let Err(e) = self.read_barrier(&r, &req.read).await {
@@ -475,16 +481,18 @@ impl DataService {
             let prefix = req.key_prefix.clone();
             let from = req.ts_from;
             let result = tokio::task::spawn_blocking(move || {
-                let data = tablet.read();
-                data.scan(&ns, &prefix, from, ts_to)
-                    .map(|rows| (rows, data.applied_index()))
+                let (rows, read) =
+                    crate::tier::cold::counted(|| tablet.scan_unlocked(&ns, &prefix, from, ts_to));
+                rows.map(|(rows, applied)| (rows, applied, read))
             })
             .await
             .map_err(|e| ApiError::Unavailable {
                 reason: e.to_string(),
             })?;
             match result {
-                Ok((rows, applied)) => {
+                Ok((rows, applied, read)) => {
+                    cold.fetched += read.fetched;
+                    cold.cached += read.cached;
                     watermark = watermark.min(applied);
                     all.extend(rows.into_iter().map(|row| (r.tablet.id, row)));
                 }
@@ -521,6 +529,8 @@ impl DataService {
             next_cursor,
             watermark: if watermark == u64::MAX { 0 } else { watermark },
             missing_tablets: missing,
+            cold_bytes_fetched: cold.fetched,
+            cold_bytes_cached: cold.cached,
         })
     }
 }
@@ -608,6 +618,12 @@ impl Data for DataService {
                 .seals_published
                 .load(std::sync::atomic::Ordering::Relaxed);
         }
+        let tier = self.node.options.tier.clone();
+        let tier_stat = |f: fn(&crate::tier::TierStats) -> &std::sync::atomic::AtomicU64| {
+            tier.as_ref().map_or(0, |t| {
+                f(&t.stats).load(std::sync::atomic::Ordering::Relaxed)
+            })
+        };
         Ok(Response::new(pb::StatusResponse {
             node_id: self.node.options.node_id,
             version: env!("CARGO_PKG_VERSION").to_string(),
@@ -657,6 +673,11 @@ impl Data for DataService {
                 .segments_fetched
                 .load(std::sync::atomic::Ordering::Relaxed),
             snapshots_installed: snapshots,
+            segments_uploaded: tier_stat(|s| &s.segments_uploaded),
+            segments_evicted: tier_stat(|s| &s.segments_evicted),
+            manifests_published: tier_stat(|s| &s.manifests_published),
+            cold_bytes_fetched: tier_stat(|s| &s.cold_bytes_fetched),
+            cold_bytes_cached: tier_stat(|s| &s.cold_bytes_cached),
         }))
     }
 }

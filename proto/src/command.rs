@@ -89,6 +89,22 @@ pub enum TabletCommand {
     Seal {
         reason: SealReason,
     },
+    /// The leader uploaded sealed segment `segment` to the cold tier and
+    /// verified it: every replica records the cold copy in its catalog.
+    /// `file_xxh3` is the whole-file checksum of the segment's trailer, which
+    /// a replica compares before it drops its local copy.
+    Uploaded {
+        segment: String,
+        bytes: u64,
+        file_xxh3: u64,
+    },
+    /// Namespace retention: every replica drops published segment `segment`
+    /// (all its rows are past their namespace's retention) from its catalog
+    /// and deletes the local file. The leader deletes the object once a
+    /// manifest without it is published.
+    DropSegment {
+        segment: String,
+    },
 }
 
 /// The result of applying a [`TabletCommand`].
@@ -125,6 +141,8 @@ impl std::fmt::Display for TabletCommand {
                 b.batch_id[1]
             ),
             TabletCommand::Seal { reason } => write!(f, "Seal({reason:?})"),
+            TabletCommand::Uploaded { segment, .. } => write!(f, "Uploaded({segment})"),
+            TabletCommand::DropSegment { segment } => write!(f, "DropSegment({segment})"),
         }
     }
 }

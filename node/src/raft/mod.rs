@@ -123,6 +123,22 @@ pub(crate) fn io_err(e: impl std::fmt::Display) -> std::io::Error {
     std::io::Error::other(e.to_string())
 }
 
+/// The durable Raft state of a tablet rebuilt from the bucket (`stele
+/// restore`): the catalog's `applied_state` and `purged` values for a log
+/// purged up to `checkpoint` whose only voter is `replica`. The log id's
+/// term is 1: the restored group starts a new history on a new cell.
+pub fn restored_state(replica: u64, checkpoint: u64) -> (Vec<u8>, Vec<u8>) {
+    use openraft::vote::RaftLeaderIdExt;
+    let leader = <TabletConfig as openraft::RaftTypeConfig>::LeaderId::new_committed(1, replica);
+    let log_id = LogId::new(leader, checkpoint);
+    let membership = openraft::Membership::new_with_defaults(
+        vec![std::collections::BTreeSet::from([replica])],
+        [replica],
+    );
+    let stored = StoredMembership::new(Some(log_id), membership);
+    (encode(&(Some(log_id), stored)), encode(&Some(log_id)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -34,7 +34,7 @@ use std::path::Path;
 
 pub use error::{Error, Result};
 pub use incoming::{Incoming, PART_SUFFIX};
-pub use reader::SegmentReader;
+pub use reader::{RangeRead, SegmentReader};
 pub use writer::encode;
 
 /// One record as stored in a segment. Its position is `(tablet, index, slot)`.

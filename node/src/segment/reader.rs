@@ -6,6 +6,7 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use xxhash_rust::xxh3::Xxh3;
 
@@ -17,11 +18,31 @@ use super::{Error, Result, Row, SegmentHeader, SegmentStats};
 /// Bytes read at a time when hashing a whole file.
 const HASH_CHUNK_BYTES: usize = 1 << 20;
 
+/// Positioned reads of a segment held somewhere other than a local file
+/// (the cold tier: `node::tier::cold`). Implementations verify nothing; the
+/// reader checks every byte it uses exactly as it does for a local file.
+pub trait RangeRead: Send + Sync + std::fmt::Debug {
+    /// Total length in bytes.
+    fn byte_len(&self) -> u64;
+    /// Exactly `len` bytes at `offset`, or an error.
+    fn read_at(&self, offset: u64, len: usize) -> std::io::Result<Vec<u8>>;
+    /// Called when bytes from this source failed a check: drop anything
+    /// cached, so the next read fetches them again.
+    fn invalidate(&self) {}
+}
+
+/// Where a reader's bytes come from.
+#[derive(Debug)]
+enum Source {
+    File(File),
+    Remote(Arc<dyn RangeRead>),
+}
+
 /// An open segment file.
 #[derive(Debug)]
 pub struct SegmentReader {
     path: PathBuf,
-    file: File,
+    file: Source,
     file_len: u64,
     id: String,
     header: SegmentHeader,
@@ -67,16 +88,23 @@ impl SegmentReader {
     /// found when that block is read; [`Self::verify_all`] checks everything,
     /// including that the content hashes to `id`.
     pub fn open_with_id(path: &Path, id: &str) -> Result<Self> {
-        if id.len() != 32
-            || !id
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        {
-            return Err(Error::Invalid(format!(
-                "segment id {id:?} is not 32 lowercase hex digits"
-            )));
-        }
+        check_id(id)?;
         Self::open_structure(path, id.to_owned())
+    }
+
+    /// Opens a segment held remotely (the cold tier) whose id the caller
+    /// knows. The same structural checks as [`Self::open_with_id`] run on
+    /// the fetched prologue, header, footer and trailer; blocks are fetched
+    /// and checked when read. `name` only labels errors.
+    pub fn open_remote(name: &str, id: &str, source: Arc<dyn RangeRead>) -> Result<Self> {
+        check_id(id)?;
+        let len = source.byte_len();
+        Self::from_source(Path::new(name), Source::Remote(source), len, id.to_owned())
+    }
+
+    /// True when the bytes come from the cold tier, not a local file.
+    pub fn is_remote(&self) -> bool {
+        matches!(self.file, Source::Remote(_))
     }
 
     pub fn path(&self) -> &Path {
@@ -106,6 +134,17 @@ impl SegmentReader {
     /// File offsets of the blocks, in order (for tools and tests).
     pub fn block_offsets(&self) -> Vec<u64> {
         self.blocks.iter().map(|b| b.offset).collect()
+    }
+
+    /// The one namespace every row of the segment belongs to, if there is
+    /// one (every block starts and ends in it; rows are sorted by namespace
+    /// first, so no other namespace can hide inside).
+    pub fn sole_namespace(&self) -> Option<&str> {
+        let first = self.blocks.first()?.first_namespace.as_str();
+        self.blocks
+            .iter()
+            .all(|b| b.first_namespace == first && b.last_namespace == first)
+            .then_some(first)
     }
 
     /// False means the segment holds no row of this key; true means it may.
@@ -294,6 +333,18 @@ impl SegmentReader {
     /// Reads block `i`, checks its crc32c, decompresses it within its declared
     /// size and checks the rows against the block index and the header.
     fn read_block(&self, i: usize) -> Result<Vec<Row>> {
+        match (self.read_block_once(i), &self.file) {
+            // Damage may be in a cached copy or in transit: fetch once more
+            // from the source; damage that persists is reported.
+            (Err(Error::Corrupt { .. }), Source::Remote(remote)) => {
+                remote.invalidate();
+                self.read_block_once(i)
+            }
+            (result, _) => result,
+        }
+    }
+
+    fn read_block_once(&self, i: usize) -> Result<Vec<Row>> {
         let meta = &self.blocks[i];
         let at = meta.offset;
         // Lengths were bounded by the file geometry in open_structure.
@@ -375,14 +426,17 @@ impl SegmentReader {
                 source,
             }
         };
+        let file = File::open(path).map_err(io("opening"))?;
+        let file_len = file.metadata().map_err(io("reading metadata"))?.len();
+        Self::from_source(path, Source::File(file), file_len, id)
+    }
+
+    fn from_source(path: &Path, file: Source, file_len: u64, id: String) -> Result<Self> {
         let corrupt = |offset: u64, what: String| Error::Corrupt {
             file: path.to_owned(),
             offset,
             what,
         };
-        let file = File::open(path).map_err(io("opening"))?;
-        let file_len = file.metadata().map_err(io("reading metadata"))?.len();
-
         let prologue_len = (PROLOGUE_LEN as u64).min(file_len) as usize;
         let prologue = read_at(&file, path, 0, prologue_len, "reading the prologue")?;
         if prologue.len() < MAGIC.len() || prologue[..MAGIC.len()] != MAGIC {
@@ -496,15 +550,54 @@ impl SegmentReader {
         })
     }
 
+    /// The whole-file xxh3-64 stored in the trailer.
+    pub fn file_xxh3(&self) -> u64 {
+        self.file_xxh3
+    }
+
     /// Offset of the footer (for tools and tests).
     pub fn footer_offset(&self) -> u64 {
         self.footer_offset
     }
 }
 
-fn read_at(file: &File, path: &Path, offset: u64, len: usize, op: &'static str) -> Result<Vec<u8>> {
-    let mut buf = vec![0; len];
-    file.read_exact_at(&mut buf, offset).map_err(|source| {
+fn check_id(id: &str) -> Result<()> {
+    if id.len() != 32
+        || !id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        return Err(Error::Invalid(format!(
+            "segment id {id:?} is not 32 lowercase hex digits"
+        )));
+    }
+    Ok(())
+}
+
+fn read_at(
+    file: &Source,
+    path: &Path,
+    offset: u64,
+    len: usize,
+    op: &'static str,
+) -> Result<Vec<u8>> {
+    let read = match file {
+        Source::File(f) => {
+            let mut buf = vec![0; len];
+            f.read_exact_at(&mut buf, offset).map(|()| buf)
+        }
+        Source::Remote(r) => r.read_at(offset, len).and_then(|buf| {
+            if buf.len() == len {
+                Ok(buf)
+            } else {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "short remote read",
+                ))
+            }
+        }),
+    };
+    read.map_err(|source| {
         if source.kind() == std::io::ErrorKind::UnexpectedEof {
             Error::Corrupt {
                 file: path.to_owned(),
@@ -520,8 +613,7 @@ fn read_at(file: &File, path: &Path, offset: u64, len: usize, op: &'static str) 
                 source,
             }
         }
-    })?;
-    Ok(buf)
+    })
 }
 
 fn check_header(h: &HeaderV1) -> Result<(), String> {

@@ -77,6 +77,12 @@ pub struct TabletData {
     pub checkpoint_membership: StoredMembership,
     /// Largest proposal time applied (a deterministic clock for receipts).
     pub clock_us: u64,
+    /// Cold copies of segments `Uploaded` named before this replica's seal
+    /// published them (a follower's seal worker can lag its apply).
+    pub cold_early: std::collections::BTreeMap<String, crate::catalog::ColdCopy>,
+    /// Segments `DropSegment` named before this replica's seal published
+    /// them: the seal drops them instead of publishing.
+    pub dropped_early: std::collections::BTreeSet<String>,
 }
 
 /// Counters of a tablet, read by status and tests.
@@ -105,6 +111,9 @@ pub struct Tablet {
     /// When this replica last heard from its leader, and the leader's
     /// commit index then: a follower's bound on how stale its reads are.
     pub leader_contact: std::sync::Mutex<Option<(Instant, u64)>>,
+    /// The node's cold tier, if it has one: segments without a local file
+    /// are read from it.
+    pub tier: Option<Arc<crate::tier::Tier>>,
     data: RwLock<TabletData>,
 }
 
@@ -118,13 +127,24 @@ impl Tablet {
         catalog: Catalog,
         options: TabletOptions,
     ) -> Result<Arc<Tablet>> {
+        Tablet::open_tiered(record, segment_dir, catalog, options, None)
+    }
+
+    /// [`Tablet::open`] with a cold tier: a segment whose local file is gone
+    /// (evicted) is opened from the bucket.
+    pub fn open_tiered(
+        record: &TabletRecord,
+        segment_dir: PathBuf,
+        catalog: Catalog,
+        options: TabletOptions,
+        tier: Option<Arc<crate::tier::Tier>>,
+    ) -> Result<Arc<Tablet>> {
         crate::fsutil::create_dir_durable(&segment_dir)
             .map_err(|e| crate::Error::io(format!("create {}", segment_dir.display()), e))?;
         let mut segments = Vec::new();
         for seg in &record.segments {
-            let path = segment_dir.join(format!("{}.seg", seg.id));
-            let reader = SegmentReader::open_with_id(&path, &seg.id).map_err(crate::Error::from)?;
-            segments.push((seg.clone(), Arc::new(reader)));
+            let reader = open_segment(&segment_dir, record.id, seg, tier.as_ref())?;
+            segments.push((seg.clone(), reader));
         }
         seal::remove_orphans(&segment_dir, &record.segments)?;
         let (applied, membership) = if record.applied_state.is_empty() {
@@ -159,6 +179,7 @@ impl Tablet {
             catalog,
             stats: TabletStats::default(),
             leader_contact: std::sync::Mutex::new(None),
+            tier,
             data: RwLock::new(TabletData {
                 memtable: Memtable::default(),
                 frozen: Vec::new(),
@@ -172,6 +193,8 @@ impl Tablet {
                 membership,
                 checkpoint: record.checkpoint,
                 clock_us,
+                cold_early: Default::default(),
+                dropped_early: Default::default(),
             }),
         }))
     }
@@ -205,6 +228,127 @@ impl Tablet {
             segments: data.segments.iter().map(|(r, _)| r.clone()).collect(),
             replica_id: self.replica_id,
         }
+    }
+}
+
+/// The read path without holding the tablet lock across segment reads.
+///
+/// The lock is held only to read the memtables and clone the list of
+/// segment readers; segment reads (cold GETs among them, which can take
+/// milliseconds each) then run unlocked, so a long cold scan never stalls
+/// apply. Each row is still seen exactly once: at the moment of the lock it
+/// is in a memtable, a frozen memtable or a published segment, segments are
+/// immutable, and a reader swapped out by eviction stays valid (its file
+/// handle or its cold source).
+impl Tablet {
+    /// [`TabletData::scan`] and the applied index it reflects.
+    pub fn scan_unlocked(
+        &self,
+        namespace: &str,
+        prefix: &[u8],
+        ts_from: u64,
+        ts_to: u64,
+    ) -> Result<(Vec<Row>, u64)> {
+        let (mut rows, segments, applied) = {
+            let d = self.read();
+            let mut rows = d.memtable.scan(namespace, prefix, ts_from, ts_to);
+            for f in &d.frozen {
+                rows.extend(f.memtable.scan(namespace, prefix, ts_from, ts_to));
+            }
+            let (segments, applied) = (
+                d.segments
+                    .iter()
+                    .map(|(_, r)| r.clone())
+                    .collect::<Vec<_>>(),
+                d.applied_index(),
+            );
+            (rows, segments, applied)
+        };
+        for seg in &segments {
+            rows.extend(
+                seg.scan(namespace, prefix, ts_from, ts_to)
+                    .map_err(crate::Error::from)?,
+            );
+        }
+        rows.sort_by(|a, b| (a.ts, &a.key, a.index, a.slot).cmp(&(b.ts, &b.key, b.index, b.slot)));
+        Ok((rows, applied))
+    }
+
+    /// [`TabletData::scan_key`] and the applied index it reflects.
+    pub fn scan_key_unlocked(
+        &self,
+        namespace: &str,
+        key: &[u8],
+        ts_from: u64,
+        ts_to: u64,
+        after: Option<(u64, u64, u32)>,
+        limit: usize,
+    ) -> Result<(Vec<Row>, u64)> {
+        let (mut rows, segments, applied) = {
+            let d = self.read();
+            let mut rows = d
+                .memtable
+                .scan_key(namespace, key, ts_from, ts_to, after, limit);
+            for f in &d.frozen {
+                rows.extend(
+                    f.memtable
+                        .scan_key(namespace, key, ts_from, ts_to, after, limit),
+                );
+            }
+            let (segments, applied) = (
+                d.segments
+                    .iter()
+                    .map(|(_, r)| r.clone())
+                    .collect::<Vec<_>>(),
+                d.applied_index(),
+            );
+            (rows, segments, applied)
+        };
+        for seg in &segments {
+            if !seg.may_contain_key(namespace, key) {
+                continue;
+            }
+            rows.extend(
+                seg.scan_key(namespace, key, ts_from, ts_to, after, limit)
+                    .map_err(crate::Error::from)?,
+            );
+        }
+        rows.sort_by_key(|r| (r.ts, r.index, r.slot));
+        rows.truncate(limit);
+        Ok((rows, applied))
+    }
+
+    /// [`TabletData::latest`] and the applied index it reflects.
+    pub fn latest_unlocked(&self, namespace: &str, key: &[u8]) -> Result<(Option<Row>, u64)> {
+        let (segments, applied) = {
+            let d = self.read();
+            if let Some(row) = d.memtable.latest(namespace, key) {
+                return Ok((Some(row), d.applied_index()));
+            }
+            for f in d.frozen.iter().rev() {
+                if let Some(row) = f.memtable.latest(namespace, key) {
+                    return Ok((Some(row), d.applied_index()));
+                }
+            }
+            // The segments and the watermark of the same moment as the
+            // memtables just read.
+            (
+                d.segments
+                    .iter()
+                    .map(|(_, r)| r.clone())
+                    .collect::<Vec<_>>(),
+                d.applied_index(),
+            )
+        };
+        for seg in segments.iter().rev() {
+            if !seg.may_contain_key(namespace, key) {
+                continue;
+            }
+            if let Some(row) = seg.latest(namespace, key).map_err(crate::Error::from)? {
+                return Ok((Some(row), applied));
+            }
+        }
+        Ok((None, applied))
     }
 }
 
@@ -303,6 +447,22 @@ impl TabletData {
         rows.sort_by(|a, b| (a.ts, &a.key, a.index, a.slot).cmp(&(b.ts, &b.key, b.index, b.slot)));
         Ok(rows)
     }
+}
+
+/// Opens a published segment: the local file when it exists, else (with a
+/// cold tier) its object in the bucket. Blocking.
+pub fn open_segment(
+    segment_dir: &std::path::Path,
+    tablet: u64,
+    seg: &SegmentRef,
+    tier: Option<&Arc<crate::tier::Tier>>,
+) -> Result<Arc<SegmentReader>> {
+    let path = segment_dir.join(crate::segment::file_name(&seg.id));
+    let reader = match tier {
+        Some(tier) if !path.exists() => crate::tier::cold::open_reader(tier, tablet, seg),
+        _ => SegmentReader::open_with_id(&path, &seg.id),
+    };
+    Ok(Arc::new(reader.map_err(crate::Error::from)?))
 }
 
 /// The position of a row of tablet `tablet`.

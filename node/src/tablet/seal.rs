@@ -92,6 +92,7 @@ fn build(tablet: &Tablet, plan: &Plan) -> Result<Option<(SegmentRef, Arc<Segment
             log_last: info.log_last,
             ts_min: info.ts_min,
             ts_max: info.ts_max,
+            cold: None,
         },
         Arc::new(reader),
     )))
@@ -101,9 +102,23 @@ fn commit(
     tablet: &Tablet,
     data: &mut TabletData,
     plan: Plan,
-    seg: Option<(SegmentRef, Arc<SegmentReader>)>,
+    mut seg: Option<(SegmentRef, Arc<SegmentReader>)>,
     extra_drops: &[Vec<u8>],
 ) -> Result<()> {
+    if let Some((r, _)) = &mut seg
+        && let Some(cold) = data.cold_early.remove(&r.id)
+    {
+        r.cold = Some(cold);
+    }
+    // Retention dropped this segment (on the leader) before it published
+    // here: the checkpoint moves past its rows, the segment is not kept.
+    if let Some((r, _)) = &seg
+        && data.dropped_early.remove(&r.id)
+    {
+        let path = tablet.segment_dir.join(segment::file_name(&r.id));
+        let _ = std::fs::remove_file(&path);
+        seg = None;
+    }
     let applied_state = encode(&(Some(plan.seal_log_id), plan.membership.clone()));
     let mut record = tablet.record(data, applied_state);
     if let Some((r, _)) = &seg {
@@ -231,6 +246,7 @@ mod tests {
             log_last: 1,
             ts_min: 0,
             ts_max: 0,
+            cold: None,
         };
         let orphan = "fedcba9876543210fedcba9876543210";
         for name in [

@@ -195,6 +195,27 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
                     EntryPayload::Normal(TabletCommand::Append(batch)) => {
                         apply_batch(&self.tablet, &mut data, index, batch)
                     }
+                    EntryPayload::Normal(TabletCommand::Uploaded {
+                        segment,
+                        bytes,
+                        file_xxh3,
+                    }) => {
+                        let cold = crate::catalog::ColdCopy {
+                            bytes: *bytes,
+                            file_xxh3: *file_xxh3,
+                        };
+                        crate::tier::worker::record_uploaded(
+                            &self.tablet,
+                            &mut data,
+                            segment,
+                            cold,
+                        );
+                        TabletResponse::None
+                    }
+                    EntryPayload::Normal(TabletCommand::DropSegment { segment }) => {
+                        crate::tier::retention::drop_segment(&self.tablet, &mut data, segment);
+                        TabletResponse::None
+                    }
                     EntryPayload::Normal(TabletCommand::Seal { .. }) => {
                         let memtable = std::mem::take(&mut data.memtable);
                         let membership = data.membership.clone();
@@ -254,10 +275,12 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
         let tablet = &self.tablet;
         let mut segments = Vec::new();
         for seg in &snap.segments {
-            let path = tablet.segment_dir.join(format!("{}.seg", seg.id));
+            // With a cold tier, a segment not fetched locally is read from
+            // the bucket (the snapshot names it; see Node::handle_raft).
             let reader =
-                crate::segment::SegmentReader::open_with_id(&path, &seg.id).map_err(io_err)?;
-            segments.push((seg.clone(), Arc::new(reader)));
+                super::open_segment(&tablet.segment_dir, tablet.id, seg, tablet.tier.as_ref())
+                    .map_err(io_err)?;
+            segments.push((seg.clone(), reader));
         }
         let mut receipts_mem = super::receipts::Receipts::default();
         let mut clock_us = 0;
@@ -297,6 +320,8 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
             checkpoint_log_id: applied,
             checkpoint_membership: membership.clone(),
             clock_us,
+            cold_early: Default::default(),
+            dropped_early: Default::default(),
         };
         // The unsealed rows of the snapshot exist nowhere durable on this
         // replica once openraft purges the log up to the snapshot: seal them

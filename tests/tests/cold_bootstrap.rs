@@ -1,0 +1,137 @@
+//! A follower that fell behind its leader's purged log catches up by
+//! snapshot; with a cold tier the snapshot's segments are read from the
+//! bucket, so no segment crosses the node transport (issue 6: moving a
+//! replica whose segments are in the bucket transfers at most the unsealed
+//! tail).
+
+use std::time::{Duration, Instant};
+
+use stele_client::Client;
+use stele_tests::cell::{Cell, client_options, status, tablet_of, try_local_rows, value_counts};
+
+const NS: &str = "cold/bootstrap";
+
+struct Stopped(u32);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        stele_tests::signal(self.0, libc::SIGCONT);
+    }
+}
+
+async fn append_acked(client: &Client, i: u64, value: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let rec = stele_client::record(format!("k{}", i % 40), i, value.as_bytes().to_vec());
+        match client.append(NS, vec![rec]).await {
+            Ok(_) => return,
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "append {i} never acknowledged: {e}"
+                );
+                let _ = client.refresh_routes().await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_follower_installs_segments_from_the_bucket() {
+    let bucket = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", bucket.path().display());
+    let cell = Cell::new()
+        .flag("--tablets", "1")
+        .flag("--object-store", &url)
+        .flag("--cell-id", "boot")
+        .flag("--hot-age-s", "0");
+    let procs = cell.start(&[1, 2, 3]);
+    let tablet = tablet_of(&cell.endpoint(1), NS).await;
+    let leader = tablet.leader_node as usize;
+    assert!((1..=3).contains(&leader), "no leader: {tablet:?}");
+    let follower = (1..=3).find(|n| *n != leader).unwrap();
+    let client = Client::connect(&cell.endpoint(leader), client_options())
+        .await
+        .unwrap();
+    let value = |i: u64| format!("v{i:05}-{}", "x".repeat(1000));
+    let mut acked = Vec::new();
+    for i in 0..20u64 {
+        append_acked(&client, i, &value(i)).await;
+        acked.push(value(i));
+    }
+    let f_before = loop {
+        let t = tablet_of(&cell.endpoint(follower), NS).await;
+        if t.applied_index >= tablet_of(&cell.endpoint(leader), NS).await.applied_index {
+            break t;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let stopped = Stopped(procs[&follower].child.id());
+    stele_tests::signal(stopped.0, libc::SIGSTOP);
+    for i in 20..420u64 {
+        append_acked(&client, i, &value(i)).await;
+        acked.push(value(i));
+    }
+    let t0 = Instant::now();
+    loop {
+        let t = tablet_of(&cell.endpoint(leader), NS).await;
+        let s = status(&cell.endpoint(leader)).await;
+        // Every sealed segment uploaded: a segment sealed but not yet
+        // uploaded when the follower resumes has to come from the leader.
+        if t.purged_index > f_before.last_log_index
+            && s.segments_sealed >= 3
+            && s.segments_uploaded >= s.segments_sealed
+        {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(90),
+            "leader purged to {}, uploaded {}",
+            t.purged_index,
+            s.segments_uploaded
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(stopped);
+    let resumed = Instant::now();
+    let s = loop {
+        let s = status(&cell.endpoint(follower)).await;
+        let mut why = format!("snapshots_installed {}", s.snapshots_installed);
+        if s.snapshots_installed > 0 {
+            match try_local_rows(&cell.endpoint(follower), NS).await {
+                Ok(rows) => {
+                    let seen = value_counts(&rows);
+                    assert!(seen.values().all(|c| *c == 1), "duplicates on the follower");
+                    let missing = acked
+                        .iter()
+                        .filter(|v| !seen.contains_key(v.as_bytes()))
+                        .count();
+                    if missing == 0 {
+                        break s;
+                    }
+                    why = format!("{missing} acknowledged records missing");
+                }
+                Err(e) => why = format!("read refused: {}", e.message()),
+            }
+        }
+        assert!(
+            resumed.elapsed() < Duration::from_secs(60),
+            "follower {follower} did not catch up: {why}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        s.segments_fetched, 0,
+        "segments crossed the node transport instead of coming from the bucket"
+    );
+    eprintln!(
+        "follower {follower} caught up in {:?}: {} snapshot(s), 0 segments over the transport, {} cold bytes fetched",
+        resumed.elapsed(),
+        s.snapshots_installed,
+        s.cold_bytes_fetched
+    );
+    for (_, p) in procs {
+        p.terminate();
+    }
+}
