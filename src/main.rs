@@ -127,6 +127,10 @@ struct ServerArgs {
     /// Controller: a dead node's replicas move away after this much more, ms.
     #[arg(long, default_value_t = 60_000)]
     repair_grace_ms: u64,
+    /// Controller: rebalance tablet leaders across nodes this often, ms
+    /// (0: never).
+    #[arg(long, default_value_t = 10_000)]
+    leader_balance_ms: u64,
     #[arg(long)]
     listen: SocketAddr,
     #[arg(long)]
@@ -606,6 +610,7 @@ fn run() -> anyhow::Result<()> {
                     );
                     co.lease = Duration::from_millis(a.lease_ms);
                     co.repair_grace = Duration::from_millis(a.repair_grace_ms);
+                    co.leader_balance_every = Duration::from_millis(a.leader_balance_ms);
                     Some(co)
                 } else {
                     None

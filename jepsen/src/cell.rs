@@ -37,8 +37,10 @@ pub struct Cell {
 fn free_base(n: u16, seed: u64) -> u16 {
     use std::net::{TcpListener, UdpSocket};
     for attempt in 0..500u64 {
-        let base = 10_000
-            + ((seed ^ (attempt * 2_654_435_761) ^ u64::from(std::process::id())) % 22_000) as u16;
+        // 16-port slots below the ephemeral range, picked by a hash.
+        let h = (seed ^ (attempt << 32) ^ u64::from(std::process::id()))
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let base = 10_000 + ((h >> 40) % 1_375) as u16 * 16;
         let tcp = (0..=n).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok());
         let udp = (0..n).all(|i| UdpSocket::bind(("127.0.0.1", base + 100 + i)).is_ok());
         if tcp && udp {

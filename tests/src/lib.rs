@@ -183,9 +183,13 @@ pub fn free_port_base(n: u16) -> u16 {
     use std::net::{TcpListener, UdpSocket};
     for attempt in 0..500u32 {
         // Below the kernel's ephemeral range (32768 and up by default), so
-        // outgoing connections of other tests never take a port we pick.
-        let seed = (std::process::id() ^ attempt.wrapping_mul(2_654_435_761)) % 22_000;
-        let base = 10_000 + seed as u16;
+        // outgoing connections of other tests never take a port we pick;
+        // in 16-port slots picked by a hash of the pid, so tests running at
+        // once (consecutive pids) never get overlapping windows.
+        assert!(n <= 16, "a cell of more than 16 ports");
+        let h = (u64::from(std::process::id()) ^ (u64::from(attempt) << 32))
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let base = 10_000 + ((h >> 40) % 1_375) as u16 * 16;
         let tcp = (0..n).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok());
         let udp = (0..n).all(|i| UdpSocket::bind(("127.0.0.1", base + 100 + i)).is_ok());
         if tcp && udp {

@@ -184,12 +184,15 @@ async fn operator_commands_under_load_and_bad_input_refused() {
         .iter()
         .map(|s| s.to_string())
         .collect();
-    // Keep a killed node's replicas in place for this test.
+    // Keep a killed node's replicas in place, and leaders where the
+    // operator puts them, for this test.
     cell.controller_flags = vec![
         "--lease-ms".into(),
         "3000".into(),
         "--repair-grace-ms".into(),
         "600000".into(),
+        "--leader-balance-ms".into(),
+        "0".into(),
     ];
     let (_controllers, mut nodes) = cell.start(4);
     let client = Client::connect_cell(&cell.controller_endpoints(), client_options())
