@@ -13,6 +13,7 @@
 use std::time::{Duration, Instant};
 
 use stele_client::Client;
+use stele_proto::pb;
 use stele_tests::cell::client_options;
 use stele_tests::controlled::{ControlledCell, Writer, voter_nodes};
 
@@ -368,6 +369,73 @@ async fn operator_commands_under_load_and_bad_input_refused() {
             })
             .collect()
     };
+    // Hostile calls on the controller's own ports: a heartbeat that lies
+    // about its id or leaves out its endpoints, garbage on the quorum's
+    // Raft port, a re-init with another shape, an unknown node state.
+    let ep = cell.controller_endpoint(1);
+    let mut ctl = pb::controller_client::ControllerClient::connect(ep.clone())
+        .await
+        .unwrap();
+    let reg = |id: u64, client: &str| pb::HeartbeatRequest {
+        node: Some(pb::NodeRegistration {
+            id,
+            client_endpoint: client.into(),
+            peer_endpoint: "127.0.0.1:1".into(),
+            ..Default::default()
+        }),
+        replicas: Vec::new(),
+    };
+    for (req, why) in [
+        (pb::HeartbeatRequest::default(), "missing registration"),
+        (reg(0, "http://x"), "node id 0"),
+        (reg(1 << 16, "http://x"), "node id past 65535"),
+        (reg(9, ""), "no client endpoint"),
+    ] {
+        let err = ctl.heartbeat(req).await.expect_err(why);
+        assert!(
+            matches!(
+                stele_proto::Error::from_status(&err),
+                stele_proto::Error::InvalidArgument { .. }
+            ),
+            "{why}: {err:?}"
+        );
+    }
+    let mut quorum = pb::quorum_client::QuorumClient::connect(ep).await.unwrap();
+    for body in [vec![], vec![0xff; 64], b"\xa2av\x01cmsg\x00".to_vec()] {
+        let reply = quorum
+            .raft(pb::RaftMessage { body })
+            .await
+            .expect("a malformed Raft message is answered, not dropped")
+            .into_inner();
+        assert!(!reply.body.is_empty());
+    }
+    let reinit = ctl
+        .init(pb::InitRequest {
+            controllers: vec![pb::ControllerPeer {
+                id: 1,
+                endpoint: cell.controller_endpoint(1),
+            }],
+            tablets: 9,
+            replication: 3,
+            cell_id: "cell".into(),
+        })
+        .await
+        .expect_err("a second init with another shape");
+    assert!(reinit.message().contains("exists already"), "{reinit:?}");
+    let bad_state = ctl
+        .set_node_state(pb::SetNodeStateRequest {
+            node: 1,
+            state: "asleep".into(),
+        })
+        .await
+        .expect_err("unknown node state");
+    assert!(bad_state.message().contains("asleep"), "{bad_state:?}");
+    let nodes: Vec<serde_json::Value> = cell.node_list();
+    assert_eq!(
+        nodes.len(),
+        5,
+        "a refused heartbeat registered a node: {nodes:?}"
+    );
     assert_eq!(
         shape(cell.tablets()),
         shape(before.clone()),
