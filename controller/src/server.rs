@@ -18,7 +18,7 @@ use tonic::{Request, Response, Status};
 use crate::placement::{Cluster, NodeInfo, NodeState, PlacementError, TabletInfo};
 use crate::state::{
     Admin, CellConfig, CellState, Command, IntentKind, IntentRec, IntentState, NodeRec, Reply,
-    TabletRec, from_cbor, to_cbor,
+    TabletRec, from_cbor, node_of, to_cbor,
 };
 
 #[derive(Debug, Clone)]
@@ -244,7 +244,7 @@ impl Controller {
                 voters: t.voters.iter().map(|r| r.node).collect(),
                 leader: leaders
                     .get(&t.id)
-                    .map(|r| r.replica_id & 0xffff)
+                    .map(|r| node_of(r.replica_id))
                     .filter(|n| t.voters.iter().any(|v| v.node == *n)),
                 busy: t.intent != 0,
             })
@@ -256,7 +256,7 @@ impl Controller {
         t: &TabletRec,
         leaders: &HashMap<u64, pb::ReplicaReport>,
     ) -> pb::TabletDescriptor {
-        let leader_node = leaders.get(&t.id).map_or(0, |r| r.replica_id & 0xffff);
+        let leader_node = leaders.get(&t.id).map_or(0, |r| node_of(r.replica_id));
         pb::TabletDescriptor {
             id: t.id,
             vshard_lo: t.lo,
@@ -849,7 +849,7 @@ impl pb::controller_server::Controller for Api {
                         .count() as u64,
                     leaders: leaders
                         .values()
-                        .filter(|r| r.replica_id & 0xffff == n.id)
+                        .filter(|r| node_of(r.replica_id) == n.id)
                         .count() as u64,
                     heartbeat_age_ms: seen
                         .get(&n.id)
@@ -951,7 +951,7 @@ impl pb::controller_server::Controller for Api {
                     vshard_hi: t.hi,
                     generation: t.generation,
                     replicas,
-                    leader_node: leaders.get(&t.id).map_or(0, |r| r.replica_id & 0xffff),
+                    leader_node: leaders.get(&t.id).map_or(0, |r| node_of(r.replica_id)),
                     intent: t.intent,
                 }
             })

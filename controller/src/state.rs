@@ -14,6 +14,11 @@ use crate::placement::NodeState;
 /// Bits of a replica id that name its node (as `stele_node::raft::router`).
 pub const NODE_BITS: u32 = 16;
 
+/// The node that hosts `replica` (its low `NODE_BITS` bits).
+pub fn node_of(replica: u64) -> u64 {
+    replica & ((1 << NODE_BITS) - 1)
+}
+
 /// Snapshot format version.
 pub const STATE_V: u16 = 1;
 
@@ -574,7 +579,7 @@ mod tests {
         assert_eq!(ids.len(), 6, "ids are unique");
         for t in s.tablets.values() {
             for r in &t.voters {
-                assert_eq!(r.replica_id & 0xffff, r.node);
+                assert_eq!(node_of(r.replica_id), r.node);
             }
             assert_eq!(t.initializer, Some(t.voters[0].replica_id));
         }
