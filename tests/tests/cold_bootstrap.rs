@@ -10,6 +10,8 @@ use stele_client::Client;
 use stele_tests::cell::{Cell, client_options, status, tablet_of, try_local_rows, value_counts};
 
 const NS: &str = "cold/bootstrap";
+/// The cell's `--memtable-bytes-max` (set below).
+const MEMTABLE_BYTES_MAX: u64 = 65536;
 
 struct Stopped(u32);
 
@@ -45,7 +47,8 @@ async fn stopped_follower_installs_segments_from_the_bucket() {
         .flag("--tablets", "1")
         .flag("--object-store", &url)
         .flag("--cell-id", "boot")
-        .flag("--hot-age-s", "0");
+        .flag("--hot-age-s", "0")
+        .flag("--memtable-bytes-max", &MEMTABLE_BYTES_MAX.to_string());
     let procs = cell.start(&[1, 2, 3]);
     let tablet = tablet_of(&cell.endpoint(1), NS).await;
     let leader = tablet.leader_node as usize;
@@ -79,9 +82,13 @@ async fn stopped_follower_installs_segments_from_the_bucket() {
         let s = status(&cell.endpoint(leader)).await;
         // Every sealed segment uploaded: a segment sealed but not yet
         // uploaded when the follower resumes has to come from the leader.
+        // The memtable must also be under the size trigger, or the policy
+        // seals it after this check and that fresh segment (rightly) crosses
+        // the transport.
         if t.purged_index > f_before.last_log_index
             && s.segments_sealed >= 3
             && s.segments_uploaded >= s.segments_sealed
+            && t.memtable_bytes < MEMTABLE_BYTES_MAX
         {
             break;
         }
