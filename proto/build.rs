@@ -6,6 +6,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         "proto/stele/v1/data.proto",
         "proto/stele/v1/controller.proto",
+        "proto/stele/v1/directory.proto",
     ];
     for file in files {
         println!("cargo:rerun-if-changed={file}");

@@ -1,4 +1,10 @@
-//! The global directory: namespace -> cell, the cell registry and global
-//! policy.
-//!
-//! Nothing is built here yet (see the directory issue).
+//! The global directory: which cell holds each namespace, and the registry
+//! of cells. A small Raft quorum of its own (built on
+//! `stele_node::raft::quorum`), never on the data path: clients and nodes
+//! resolve a namespace once and cache the answer, which never goes stale
+//! because a namespace never changes cell.
+
+pub mod server;
+pub mod state;
+
+pub use server::{Directory, DirectoryOptions};

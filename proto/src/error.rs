@@ -50,6 +50,14 @@ pub enum Error {
     Unavailable { reason: String },
     #[error("incomplete result: tablets {missing:?} could not be read")]
     Incomplete { missing: Vec<u64> },
+    #[error("namespace {namespace:?} is not in the directory")]
+    NamespaceNotFound { namespace: String },
+    #[error("namespace {namespace:?} belongs to cell {cell:?}, not this one")]
+    WrongCell {
+        namespace: String,
+        cell: String,
+        controllers: Vec<String>,
+    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -58,23 +66,27 @@ impl Error {
     /// What the caller should do.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::NotLeader { .. } | Error::StaleRoute { .. } | Error::TabletNotFound { .. } => {
-                ErrorKind::Redirect
-            }
+            Error::NotLeader { .. }
+            | Error::StaleRoute { .. }
+            | Error::TabletNotFound { .. }
+            | Error::WrongCell { .. } => ErrorKind::Redirect,
             Error::Unavailable { .. } | Error::TooStale { .. } | Error::Incomplete { .. } => {
                 ErrorKind::Retry
             }
             Error::TooLarge { .. }
             | Error::StorageFull { .. }
             | Error::ConditionFailed { .. }
-            | Error::InvalidArgument { .. } => ErrorKind::Refuse,
+            | Error::InvalidArgument { .. }
+            | Error::NamespaceNotFound { .. } => ErrorKind::Refuse,
         }
     }
 
     fn code(&self) -> Code {
         match self {
-            Error::NotLeader { .. } | Error::StaleRoute { .. } => Code::FailedPrecondition,
-            Error::TabletNotFound { .. } => Code::NotFound,
+            Error::NotLeader { .. } | Error::StaleRoute { .. } | Error::WrongCell { .. } => {
+                Code::FailedPrecondition
+            }
+            Error::TabletNotFound { .. } | Error::NamespaceNotFound { .. } => Code::NotFound,
             Error::TooLarge { .. } | Error::InvalidArgument { .. } => Code::InvalidArgument,
             Error::StorageFull { .. } => Code::ResourceExhausted,
             Error::ConditionFailed { .. } => Code::Aborted,
@@ -124,6 +136,18 @@ impl Error {
             Error::Incomplete { missing } => Kind::Incomplete(pb::Incomplete {
                 missing_tablets: missing,
             }),
+            Error::NamespaceNotFound { namespace } => {
+                Kind::NamespaceNotFound(pb::NamespaceNotFound { namespace })
+            }
+            Error::WrongCell {
+                namespace,
+                cell,
+                controllers,
+            } => Kind::WrongCell(pb::WrongCell {
+                namespace,
+                cell,
+                controllers,
+            }),
         }
     }
 
@@ -158,6 +182,14 @@ impl Error {
             Kind::Unavailable(d) => Error::Unavailable { reason: d.reason },
             Kind::Incomplete(d) => Error::Incomplete {
                 missing: d.missing_tablets,
+            },
+            Kind::NamespaceNotFound(d) => Error::NamespaceNotFound {
+                namespace: d.namespace,
+            },
+            Kind::WrongCell(d) => Error::WrongCell {
+                namespace: d.namespace,
+                cell: d.cell,
+                controllers: d.controllers,
             },
         }
     }
@@ -240,6 +272,14 @@ mod tests {
             Error::Unavailable { reason: "x".into() },
             Error::Incomplete {
                 missing: vec![1, 2],
+            },
+            Error::NamespaceNotFound {
+                namespace: "a/b".into(),
+            },
+            Error::WrongCell {
+                namespace: "a/b".into(),
+                cell: "c2".into(),
+                controllers: vec!["http://127.0.0.1:2".into()],
             },
         ];
         for err in cases {
