@@ -48,6 +48,9 @@ pub enum CellCommand {
         #[arg(long)]
         local: bool,
     },
+    /// Cells as the global directory knows them.
+    #[command(flatten)]
+    Registry(crate::dirops::CellRegistryCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -127,6 +130,7 @@ fn admin(t: &Target) -> anyhow::Result<Admin> {
 
 pub async fn run_cell(cmd: CellCommand) -> anyhow::Result<()> {
     match cmd {
+        CellCommand::Registry(c) => crate::dirops::run_cell_registry(c).await,
         CellCommand::Init {
             target,
             tablets,

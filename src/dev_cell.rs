@@ -12,6 +12,18 @@
 //! client API  127.0.0.1:<port + i - 1>       (port from --listen)
 //! peer QUIC   127.0.0.1:<port + 100 + i - 1>
 //! ```
+//!
+//! `stele dev --cells C` (C > 1): a one-member directory on `--listen`
+//! (auto-creating namespaces on first use) and C such cells, `c1`..`cC`,
+//! each registered with it; every node checks namespaces against it.
+//!
+//! ```text
+//! <data>/directory/                          the directory's quorum log
+//! <data>/cell-<c>/certs, <data>/cell-<c>/node-<i>
+//! directory   http://127.0.0.1:<port>
+//! client API  127.0.0.1:<port + 10c + i - 1>
+//! peer QUIC   127.0.0.1:<port + 100 + 10c + i - 1>
+//! ```
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -77,7 +89,12 @@ fn terminate(child: &Child) {
 }
 
 /// Creates the cell through its controller (nothing when it exists).
-async fn init_cell(controller: &str, tablets: u32, replication: u32) -> anyhow::Result<bool> {
+async fn init_cell(
+    controller: &str,
+    tablets: u32,
+    replication: u32,
+    cell_id: &str,
+) -> anyhow::Result<bool> {
     let admin = stele_client::admin::Admin::new(vec![controller.to_string()])?;
     let req = stele_proto::pb::InitRequest {
         controllers: vec![stele_proto::pb::ControllerPeer {
@@ -86,7 +103,7 @@ async fn init_cell(controller: &str, tablets: u32, replication: u32) -> anyhow::
         }],
         tablets,
         replication,
-        cell_id: "dev".into(),
+        cell_id: cell_id.into(),
     };
     let resp = admin
         .call(|mut c| {
@@ -124,110 +141,217 @@ async fn wait_ready(controller: &str, tablets: u32) -> anyhow::Result<()> {
     }
 }
 
-/// Runs the cell until Ctrl-C or SIGTERM, then stops every node.
+/// Creates the one-member directory (nothing when it exists) and registers
+/// the cells with it.
+async fn init_directory(directory: &str, cells: &[(String, String)]) -> anyhow::Result<()> {
+    let dir = stele_client::admin::DirectoryAdmin::new(vec![directory.to_string()])?;
+    let req = stele_proto::pb::DirectoryInitRequest {
+        members: vec![stele_proto::pb::DirectoryPeer {
+            id: 1,
+            endpoint: directory.to_string(),
+        }],
+    };
+    dir.call(|mut c| {
+        let req = req.clone();
+        async move { c.directory_init(req).await }
+    })
+    .await?;
+    for (id, controller) in cells {
+        let req = stele_proto::pb::RegisterCellRequest {
+            id: id.clone(),
+            controllers: vec![controller.clone()],
+            labels: [("region".to_string(), "dev".to_string())].into(),
+        };
+        dir.call(|mut c| {
+            let req = req.clone();
+            async move { c.register_cell(req).await }
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// One cell of a dev run.
+struct DevCell {
+    id: String,
+    dir: std::path::PathBuf,
+    /// Client port of node 1 (node i: `base + i - 1`; peer port `+ 100`).
+    base: u16,
+}
+
+/// Runs the cell (or cells and a directory) until Ctrl-C or SIGTERM, then
+/// stops every process.
 pub async fn run(
     data_dir: &Path,
     listen: SocketAddr,
+    cells: u64,
     nodes: u64,
     flags: ChildFlags,
 ) -> anyhow::Result<()> {
+    anyhow::ensure!((1..=9).contains(&cells), "--cells must be 1 to 9");
     anyhow::ensure!(
-        (2..=9).contains(&nodes),
+        (1..=9).contains(&nodes) && (cells > 1 || nodes > 1),
         "--nodes must be 1 to 9 for a dev cell"
     );
     anyhow::ensure!(
-        listen.port() != 0 && u32::from(listen.port()) + 100 + nodes as u32 <= 65_535,
-        "--nodes needs a fixed --listen port (peers must know each other's addresses)"
+        listen.port() != 0 && u32::from(listen.port()) + 200 <= 65_535,
+        "a dev cell of several processes needs a fixed --listen port (peers must know each other's addresses)"
     );
     std::fs::create_dir_all(data_dir).with_context(|| format!("create {}", data_dir.display()))?;
-    let certs = data_dir.join("certs");
-    ensure_certs(&certs, nodes)?;
     let ip = listen.ip();
-    let client = |n: u64| SocketAddr::new(ip, listen.port() + (n - 1) as u16);
-    let peer = |n: u64| SocketAddr::new(ip, listen.port() + 100 + (n - 1) as u16);
+    let directory = (cells > 1).then(|| format!("http://{listen}"));
+    let dev_cells: Vec<DevCell> = if cells == 1 {
+        vec![DevCell {
+            id: String::new(),
+            dir: data_dir.to_path_buf(),
+            base: listen.port(),
+        }]
+    } else {
+        (1..=cells)
+            .map(|c| DevCell {
+                id: format!("c{c}"),
+                dir: data_dir.join(format!("cell-{c}")),
+                base: listen.port() + 10 * c as u16,
+            })
+            .collect()
+    };
     let exe = std::env::current_exe().context("locate the stele binary")?;
-    let mut children: Vec<(u64, Child)> = Vec::new();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(u64, String)>();
-    let controller = format!("http://{}", client(1));
-    for n in 1..=nodes {
-        let mut cmd = Command::new(&exe);
-        cmd.arg("server");
-        if n == 1 {
-            // The cell's one controller lives in node 1's process.
-            cmd.args(["--roles", "node,controller", "--controller-id", "1"]);
-        }
-        cmd.args(["--node-id", &n.to_string()])
-            .args(["--listen", &client(n).to_string()])
-            .args(["--peer-listen", &peer(n).to_string()])
-            .arg("--data-dir")
-            .arg(data_dir.join(format!("node-{n}")))
-            .arg("--certs")
-            .arg(certs.join(format!("node-{n}")))
-            .args(["--controllers", &controller])
-            // One machine, one zone: placement keeps voters on distinct nodes.
-            .args(["--zone", "dev"])
-            .args(&flags.tuning)
-            .stdin(Stdio::null())
+    let mut children: Vec<(String, Child)> = Vec::new();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();
+    let mut spawn = |label: String, mut cmd: Command| -> anyhow::Result<()> {
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         die_with_parent(&mut cmd);
-        let mut child = cmd.spawn().with_context(|| format!("start node {n}"))?;
+        let mut child = cmd.spawn().with_context(|| format!("start {label}"))?;
         let stdout = child.stdout.take().expect("piped stdout");
         let tx = tx.clone();
+        let l = label.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send((n, line)).is_err() {
+                if tx.send((l.clone(), line)).is_err() {
                     break;
                 }
             }
         });
-        children.push((n, child));
+        children.push((label, child));
+        Ok(())
+    };
+    if let Some(_dir) = &directory {
+        let mut cmd = Command::new(&exe);
+        cmd.args(["server", "--roles", "directory", "--directory-id", "1"])
+            .args(["--listen", &listen.to_string()])
+            .arg("--data-dir")
+            .arg(data_dir.join("directory"))
+            .arg("--auto-create-namespaces");
+        spawn("directory".into(), cmd)?;
+    }
+    for cell in &dev_cells {
+        let certs = cell.dir.join("certs");
+        ensure_certs(&certs, nodes)?;
+        let client = |n: u64| SocketAddr::new(ip, cell.base + (n - 1) as u16);
+        let peer = |n: u64| SocketAddr::new(ip, cell.base + 100 + (n - 1) as u16);
+        let controller = format!("http://{}", client(1));
+        for n in 1..=nodes {
+            let mut cmd = Command::new(&exe);
+            cmd.arg("server");
+            if n == 1 {
+                // The cell's one controller lives in node 1's process.
+                cmd.args(["--roles", "node,controller", "--controller-id", "1"]);
+            }
+            cmd.args(["--node-id", &n.to_string()])
+                .args(["--listen", &client(n).to_string()])
+                .args(["--peer-listen", &peer(n).to_string()])
+                .arg("--data-dir")
+                .arg(cell.dir.join(format!("node-{n}")))
+                .arg("--certs")
+                .arg(certs.join(format!("node-{n}")))
+                .args(["--controllers", &controller])
+                // One machine, one zone: placement keeps voters on distinct nodes.
+                .args(["--zone", "dev"])
+                .args(&flags.tuning);
+            if let Some(dir) = &directory {
+                cmd.args(["--directory", dir, "--cell-id", &cell.id]);
+            }
+            let label = if cell.id.is_empty() {
+                format!("node {n}")
+            } else {
+                format!("cell {} node {n}", cell.id)
+            };
+            spawn(label, cmd)?;
+        }
     }
     drop(tx);
+    let total = children.len();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut up = 0;
+    let replication = if nodes >= 3 { 3 } else { 1 };
     let result = loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break Ok(()),
             _ = term.recv() => break Ok(()),
             line = rx.recv() => match line {
-                Some((n, line)) => {
-                    if let Some(rest) = line.split("listening on ").nth(1) {
-                        up += 1;
-                        let endpoint = rest.split_whitespace().next().unwrap_or_default();
-                        say(format_args!("stele dev: node {n} up at {endpoint} ({up}/{nodes})"));
-                        if up == nodes {
-                            let replication = if nodes >= 3 { 3 } else { 1 };
-                            match init_cell(&controller, flags.tablets, replication).await {
-                                Ok(created) => say(format_args!(
-                                    "stele dev: cell {} ({} tablets, replication {replication}); controller at {controller}",
-                                    if created { "created" } else { "reopened" },
-                                    flags.tablets
-                                )),
-                                Err(e) => break Err(e.context("create the dev cell")),
-                            }
-                            match wait_ready(&controller, flags.tablets).await {
-                                Ok(()) => say(format_args!(
-                                    "stele dev: cell ready: listening on {controller} (every tablet placed and led)"
-                                )),
-                                Err(e) => break Err(e),
+                Some((label, line)) => {
+                    let Some(rest) = line.split("listening on ").nth(1) else {
+                        say(format_args!("{label}: {line}"));
+                        continue;
+                    };
+                    up += 1;
+                    let endpoint = rest.split_whitespace().next().unwrap_or_default();
+                    say(format_args!("stele dev: {label} up at {endpoint} ({up}/{total})"));
+                    if up < total {
+                        continue;
+                    }
+                    let mut registered = Vec::new();
+                    let mut failed = None;
+                    for cell in &dev_cells {
+                        let controller = format!("http://{}", SocketAddr::new(ip, cell.base));
+                        let id = if cell.id.is_empty() { "dev" } else { cell.id.as_str() };
+                        match init_cell(&controller, flags.tablets, replication, id).await {
+                            Ok(created) => say(format_args!(
+                                "stele dev: cell {id} {} ({} tablets, replication {replication}); controller at {controller}",
+                                if created { "created" } else { "reopened" },
+                                flags.tablets
+                            )),
+                            Err(e) => {
+                                failed = Some(e.context(format!("create dev cell {id}")));
+                                break;
                             }
                         }
-                    } else {
-                        say(format_args!("node {n}: {line}"));
+                        if let Err(e) = wait_ready(&controller, flags.tablets).await {
+                            failed = Some(e);
+                            break;
+                        }
+                        registered.push((id.to_string(), controller));
+                    }
+                    if let Some(e) = failed {
+                        break Err(e);
+                    }
+                    match &directory {
+                        Some(dir) => match init_directory(dir, &registered).await {
+                            Ok(()) => say(format_args!(
+                                "stele dev: cell ready: listening on {dir} (the directory; cells {})",
+                                registered.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>().join(", ")
+                            )),
+                            Err(e) => break Err(e.context("create the dev directory")),
+                        },
+                        None => say(format_args!(
+                            "stele dev: cell ready: listening on {} (every tablet placed and led)",
+                            registered[0].1
+                        )),
                     }
                 }
-                None => break Err(anyhow::anyhow!("a node exited; see its messages above")),
+                None => break Err(anyhow::anyhow!("a process exited; see its messages above")),
             },
         }
     };
     for (_, child) in &children {
         terminate(child);
     }
-    for (n, mut child) in children {
-        let status = child.wait().with_context(|| format!("wait for node {n}"))?;
+    for (label, mut child) in children {
+        let status = child.wait().with_context(|| format!("wait for {label}"))?;
         if !status.success() {
-            eprintln!("node {n} exited with {status}");
+            eprintln!("{label} exited with {status}");
         }
     }
     result

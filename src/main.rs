@@ -5,6 +5,7 @@
 
 mod cellops;
 mod dev_cell;
+mod dirops;
 mod ops;
 mod restore;
 
@@ -44,6 +45,12 @@ enum Command {
     /// Tablets of a cell: list, show, move, transfer leadership.
     #[command(subcommand)]
     Tablet(cellops::TabletCommand),
+    /// The global directory quorum: create it, see its state.
+    #[command(subcommand)]
+    Directory(dirops::DirectoryCommand),
+    /// Namespaces: create, list, show, update (through the directory).
+    #[command(subcommand)]
+    Ns(dirops::NsCommand),
     /// Append one record.
     Append(ops::AppendArgs),
     /// Read records of a key or a namespace.
@@ -92,15 +99,32 @@ struct DevArgs {
     /// process on consecutive ports, every tablet on every node.
     #[arg(long, default_value_t = 1)]
     nodes: u64,
+    /// Cells: more than one runs a directory on --listen and each cell
+    /// (`--nodes` nodes, ids c1, c2, ...) on its own ports.
+    #[arg(long, default_value_t = 1)]
+    cells: u64,
     #[command(flatten)]
     tuning: Tuning,
 }
 
 #[derive(clap::Args)]
 struct ServerArgs {
-    /// `node`, `controller`, or both (`node,controller`).
+    /// `node`, `controller`, or both (`node,controller`); or `directory`
+    /// (alone in its process).
     #[arg(long, value_delimiter = ',', default_value = "node")]
     roles: Vec<String>,
+    /// Directory member id (directory role).
+    #[arg(long, default_value_t = 0)]
+    directory_id: u64,
+    /// Directory role: create a namespace on first use when a client asks
+    /// (`stele dev` turns this on; off by default).
+    #[arg(long)]
+    auto_create_namespaces: bool,
+    /// The global directory (node role): `URL,...`. With it, the node
+    /// serves only the namespaces the directory placed on its cell
+    /// (`--cell-id`), and refuses others with WrongCell.
+    #[arg(long, value_delimiter = ',')]
+    directory: Vec<String>,
     /// Node id (node role).
     #[arg(long, default_value_t = 0)]
     node_id: u64,
@@ -542,6 +566,41 @@ async fn run_server(
     Ok(())
 }
 
+/// A directory member: its quorum and API on one port, until SIGTERM.
+async fn run_directory(
+    opts: stele_directory::DirectoryOptions,
+    listen: SocketAddr,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("bind {listen}"))?;
+    let addr = listener.local_addr()?;
+    let d = stele_directory::Directory::start(opts)
+        .await
+        .context("start directory")?;
+    let (api, quorum) = d.services();
+    let routes = tonic::service::Routes::default()
+        .add_service(api)
+        .add_service(quorum);
+    let cancel = CancellationToken::new();
+    let server = tokio::spawn(stele_node::service::serve_with(
+        None,
+        routes,
+        listener,
+        cancel.clone(),
+    ));
+    println!("stele directory: listening on http://{addr}");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+        r = server => { r??; }
+    }
+    cancel.cancel();
+    d.shutdown().await;
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -581,12 +640,20 @@ fn run() -> anyhow::Result<()> {
                     "stele dev serves plaintext and listens on loopback only; got {}",
                     a.listen
                 );
-                if a.nodes > 1 {
+                if a.nodes > 1 || a.cells > 1 {
+                    let mut tuning = a.tuning.to_args();
+                    if a.cells > 1 {
+                        // Each cell gets its own id (c1, c2, ...).
+                        let at = tuning.iter().position(|f| f == "--cell-id");
+                        if let Some(at) = at {
+                            tuning.drain(at..at + 2);
+                        }
+                    }
                     let flags = dev_cell::ChildFlags {
                         tablets: a.tablets,
-                        tuning: a.tuning.to_args(),
+                        tuning,
                     };
-                    return dev_cell::run(&a.data_dir, a.listen, a.nodes, flags).await;
+                    return dev_cell::run(&a.data_dir, a.listen, a.cells, a.nodes, flags).await;
                 }
                 let mut o = node_options(a.data_dir, 1, a.tablets, String::new(), &a.tuning);
                 o.tier = a.tuning.cold.open()?;
@@ -595,8 +662,25 @@ fn run() -> anyhow::Result<()> {
             Command::Server(a) => {
                 let is_node = a.roles.iter().any(|r| r == "node");
                 let is_controller = a.roles.iter().any(|r| r == "controller");
-                if let Some(bad) = a.roles.iter().find(|r| *r != "node" && *r != "controller") {
-                    anyhow::bail!("unknown role {bad:?}: want node, controller or both");
+                if let Some(bad) = a
+                    .roles
+                    .iter()
+                    .find(|r| !matches!(r.as_str(), "node" | "controller" | "directory"))
+                {
+                    anyhow::bail!("unknown role {bad:?}: want node, controller, directory");
+                }
+                if a.roles.iter().any(|r| r == "directory") {
+                    anyhow::ensure!(
+                        !is_node && !is_controller,
+                        "the directory role runs alone in its process (its own --listen)"
+                    );
+                    anyhow::ensure!(a.directory_id > 0, "the directory role needs --directory-id");
+                    let mut d = stele_directory::DirectoryOptions::new(
+                        a.directory_id,
+                        a.data_dir.clone(),
+                    );
+                    d.auto_create = a.auto_create_namespaces;
+                    return run_directory(d, a.listen).await;
                 }
                 let controller = if is_controller {
                     anyhow::ensure!(
@@ -638,6 +722,13 @@ fn run() -> anyhow::Result<()> {
                 };
                 let mut o = node_options(node_dir, a.node_id, a.tablets, String::new(), &a.tuning);
                 o.controlled = controlled;
+                if !a.directory.is_empty() {
+                    o.directory = Some(stele_node::ownership::DirectoryLink {
+                        endpoints: a.directory.clone(),
+                        cell: a.tuning.cold.cell_id.clone(),
+                        timeout: Duration::from_secs(2),
+                    });
+                }
                 if is_node {
                     o.tier = a.tuning.cold.open()?;
                 }
@@ -710,6 +801,8 @@ fn run() -> anyhow::Result<()> {
             Command::Cell(c) => cellops::run_cell(c).await,
             Command::NodeCmd(c) => cellops::run_node(c).await,
             Command::Tablet(c) => cellops::run_tablet(c).await,
+            Command::Directory(c) => dirops::run_directory(c).await,
+            Command::Ns(c) => dirops::run_ns(c).await,
             Command::Restore(a) => restore::run(a).await,
         }
     })

@@ -25,6 +25,10 @@ pub struct AppendArgs {
     /// A node of the cell.
     #[arg(long, default_value = DEFAULT_ENDPOINT)]
     pub endpoint: String,
+    /// Route through the global directory instead (`URL,...`): the
+    /// namespace's cell is looked up there (`--endpoint` is ignored).
+    #[arg(long, value_delimiter = ',', env = "STELE_DIRECTORY")]
+    pub directory: Vec<String>,
     /// `workspace/project`.
     #[arg(long)]
     pub namespace: String,
@@ -45,6 +49,9 @@ pub struct AppendArgs {
 pub struct ScanArgs {
     #[arg(long, default_value = DEFAULT_ENDPOINT)]
     pub endpoint: String,
+    /// Route through the global directory instead (`URL,...`).
+    #[arg(long, value_delimiter = ',', env = "STELE_DIRECTORY")]
+    pub directory: Vec<String>,
     #[arg(long)]
     pub namespace: String,
     /// Scan one key's timeline (ScanKey); without it, the whole namespace (Scan).
@@ -140,10 +147,25 @@ fn position_text(p: Option<&Position>) -> String {
 }
 
 /// Appends one record; returns its position.
-pub async fn append_one(args: &AppendArgs) -> anyhow::Result<(u64, Position)> {
-    let client = Client::connect(&args.endpoint, ClientOptions::default())
+/// A client of the cell that holds `namespace`: through the directory when
+/// one is given (which may create the namespace on first use, if it allows
+/// that), else through the node at `endpoint`.
+async fn client_for(endpoint: &str, directory: &[String], namespace: &str) -> anyhow::Result<Client> {
+    if directory.is_empty() {
+        return Client::connect(endpoint, ClientOptions::default())
+            .await
+            .with_context(|| format!("connecting to {endpoint}"));
+    }
+    let global = stele_client::GlobalClient::new(directory, ClientOptions::default())?
+        .create_if_missing(true);
+    global
+        .cell(namespace)
         .await
-        .with_context(|| format!("connecting to {}", args.endpoint))?;
+        .with_context(|| format!("resolving {namespace} through the directory"))
+}
+
+pub async fn append_one(args: &AppendArgs) -> anyhow::Result<(u64, Position)> {
+    let client = client_for(&args.endpoint, &args.directory, &args.namespace).await?;
     let ts = args.ts.unwrap_or_else(now_us);
     let positions = client
         .append(
@@ -177,9 +199,7 @@ pub async fn run_append(args: AppendArgs) -> anyhow::Result<()> {
 
 /// Reads up to `args.limit` rows, following cursors.
 pub async fn scan_rows(args: &ScanArgs) -> anyhow::Result<Vec<Row>> {
-    let client = Client::connect(&args.endpoint, ClientOptions::default())
-        .await
-        .with_context(|| format!("connecting to {}", args.endpoint))?;
+    let client = client_for(&args.endpoint, &args.directory, &args.namespace).await?;
     let read = ReadOptions::default();
     let prefix = args.prefix.as_deref().unwrap_or("").as_bytes();
     let mut rows = Vec::new();

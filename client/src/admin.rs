@@ -1,6 +1,7 @@
-//! A client of the cell controllers: finds the leader among the endpoints
-//! it was given (following `NotLeader` hints), and retries through an
-//! election for a bounded time. Used for routes and for operator commands.
+//! A client of a small quorum (the cell controllers, the directory): finds
+//! the leader among the endpoints it was given (following `NotLeader`
+//! hints), and retries through an election for a bounded time. Used for
+//! routes, namespace lookups and operator commands.
 
 use std::future::Future;
 use std::sync::Mutex;
@@ -8,24 +9,48 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use stele_proto::pb::controller_client::ControllerClient;
+use stele_proto::pb::directory_client::DirectoryClient;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::{Error, Result};
 
-pub struct Admin {
+/// A gRPC client made from a channel.
+pub trait FromChannel {
+    fn from_channel(ch: Channel) -> Self;
+}
+
+impl FromChannel for ControllerClient<Channel> {
+    fn from_channel(ch: Channel) -> Self {
+        ControllerClient::new(ch)
+    }
+}
+
+impl FromChannel for DirectoryClient<Channel> {
+    fn from_channel(ch: Channel) -> Self {
+        DirectoryClient::new(ch)
+    }
+}
+
+/// Calls to the cell controllers.
+pub type Admin = Leader<ControllerClient<Channel>>;
+/// Calls to the directory.
+pub type DirectoryAdmin = Leader<DirectoryClient<Channel>>;
+
+pub struct Leader<C> {
     endpoints: Mutex<Vec<String>>,
     at: AtomicUsize,
     /// How long a call keeps trying while no controller leads.
     pub deadline: Duration,
     pub request_timeout: Duration,
+    client: std::marker::PhantomData<fn() -> C>,
 }
 
-impl Admin {
-    pub fn new(endpoints: Vec<String>) -> Result<Admin> {
+impl<C: FromChannel> Leader<C> {
+    pub fn new(endpoints: Vec<String>) -> Result<Leader<C>> {
         if endpoints.is_empty() {
             return Err(Error::InvalidEndpoint {
                 endpoint: String::new(),
-                reason: "no controller endpoints".into(),
+                reason: "no endpoints".into(),
             });
         }
         for ep in &endpoints {
@@ -34,11 +59,12 @@ impl Admin {
                 reason: e.to_string(),
             })?;
         }
-        Ok(Admin {
+        Ok(Leader {
             endpoints: Mutex::new(endpoints),
             at: AtomicUsize::new(0),
             deadline: Duration::from_secs(15),
             request_timeout: Duration::from_secs(10),
+            client: std::marker::PhantomData,
         })
     }
 
@@ -46,7 +72,7 @@ impl Admin {
         self.endpoints.lock().expect("lock poisoned").clone()
     }
 
-    fn client(endpoint: &str) -> Result<ControllerClient<Channel>> {
+    fn client(endpoint: &str) -> Result<C> {
         let ch = Endpoint::from_shared(endpoint.to_string())
             .map_err(|e| Error::InvalidEndpoint {
                 endpoint: endpoint.to_string(),
@@ -54,15 +80,15 @@ impl Admin {
             })?
             .connect_timeout(Duration::from_secs(1))
             .connect_lazy();
-        Ok(ControllerClient::new(ch))
+        Ok(C::from_channel(ch))
     }
 
-    /// Calls the leading controller. A typed refusal (bad argument, unknown
-    /// tablet) returns at once; `NotLeader`, `Unavailable` and unreachable
+    /// Calls the leader. A typed refusal (bad argument, unknown tablet or
+    /// namespace) returns at once; `NotLeader`, `Unavailable` and unreachable
     /// controllers are retried on the others until `deadline`.
     pub async fn call<T, F, Fut>(&self, f: F) -> Result<T>
     where
-        F: Fn(ControllerClient<Channel>) -> Fut,
+        F: Fn(C) -> Fut,
         Fut: Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
     {
         let started = Instant::now();

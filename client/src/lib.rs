@@ -22,6 +22,7 @@ pub mod batcher;
 pub mod error;
 #[cfg(feature = "fake")]
 pub mod fake;
+pub mod global;
 pub mod retry;
 pub mod routes;
 
@@ -39,6 +40,7 @@ use tonic::transport::{Channel, Endpoint};
 
 pub use batcher::{Batcher, BatcherOptions};
 pub use error::{Error, Result};
+pub use global::{GlobalClient, Placement};
 pub use retry::RetryPolicy;
 pub use routes::{Route, RouteTable};
 pub use stele_proto::pb::{

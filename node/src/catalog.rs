@@ -26,6 +26,9 @@ const RAFT: TableDefinition<(u64, &str), &[u8]> = TableDefinition::new("raft");
 const RECEIPTS: TableDefinition<(u64, &[u8]), &[u8]> = TableDefinition::new("receipts");
 /// Replica ids removed from this node (moved away): never served again.
 const TOMBSTONES: TableDefinition<u64, u64> = TableDefinition::new("tombstones");
+/// Namespace -> owning cell (CBOR), as the directory answered: a namespace
+/// never changes cell, so a cached answer is kept for good.
+const NAMESPACES: TableDefinition<&str, &[u8]> = TableDefinition::new("namespaces");
 
 /// Catalog format version. Startup refuses any other.
 pub const CATALOG_FORMAT: u32 = 1;
@@ -279,6 +282,35 @@ impl Catalog {
             Err(e) => return Err(err(e.into())),
         };
         Ok(table.get(replica_id).map_err(|e| err(e.into()))?.is_some())
+    }
+
+    /// Every cached namespace owner (namespace, CBOR record).
+    pub fn namespace_owners(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        let err = self.err();
+        let txn = self.db.begin_read().map_err(|e| err(e.into()))?;
+        let table = match txn.open_table(NAMESPACES) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(err(e.into())),
+        };
+        let mut out = Vec::new();
+        for row in table.iter().map_err(|e| err(e.into()))? {
+            let (k, v) = row.map_err(|e| err(e.into()))?;
+            out.push((k.value().to_string(), v.value().to_vec()));
+        }
+        Ok(out)
+    }
+
+    pub fn put_namespace_owner(&self, namespace: &str, record: &[u8]) -> Result<()> {
+        let err = self.err();
+        let txn = self.db.begin_write().map_err(|e| err(e.into()))?;
+        {
+            let mut table = txn.open_table(NAMESPACES).map_err(|e| err(e.into()))?;
+            table
+                .insert(namespace, record)
+                .map_err(|e| err(e.into()))?;
+        }
+        txn.commit().map_err(|e| err(e.into()))
     }
 
     pub fn get_raft(&self, tablet: u64, name: &str) -> Result<Option<Vec<u8>>> {

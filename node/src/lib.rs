@@ -9,6 +9,7 @@ pub mod error;
 pub mod fsutil;
 pub mod journal;
 pub mod node;
+pub mod ownership;
 pub mod peering;
 pub mod raft;
 pub mod segment;

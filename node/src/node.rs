@@ -76,6 +76,10 @@ pub struct NodeOptions {
     /// The cold tier (object storage), if configured: uploads, eviction and
     /// cold reads (`node::tier`).
     pub tier: Option<Arc<crate::tier::Tier>>,
+    /// The global directory and this node's cell id: with it, the node
+    /// serves only the namespaces the directory placed on its cell
+    /// ([`crate::ownership`]); without it, every namespace.
+    pub directory: Option<crate::ownership::DirectoryLink>,
 }
 
 impl NodeOptions {
@@ -101,6 +105,7 @@ impl NodeOptions {
             controlled: false,
             unsafe_local_reads: false,
             tier: None,
+            directory: None,
         }
     }
 
@@ -255,6 +260,8 @@ pub struct Node {
     transport: std::sync::OnceLock<Arc<crate::transport::Transport>>,
     /// Background tasks (seal worker, policy), joined on shutdown.
     tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Namespace owners, when the cell is directory-managed.
+    ownership: Option<crate::ownership::Ownership>,
 }
 
 fn now_us() -> u64 {
@@ -440,7 +447,12 @@ impl Node {
         for tablet in by_tablet.keys() {
             journal.forget_tablet(*tablet);
         }
+        let ownership = match &options.directory {
+            Some(link) => Some(crate::ownership::Ownership::open(link.clone(), &catalog)?),
+            None => None,
+        };
         let node = Arc::new(Node {
+            ownership,
             options,
             journal,
             catalog,
@@ -636,6 +648,16 @@ impl Node {
     /// Lets status report the transport's counters.
     pub fn set_transport(&self, transport: Arc<crate::transport::Transport>) {
         let _ = self.transport.set(transport);
+    }
+
+    /// Ok if this node may serve `namespace`: always, unless the cell is
+    /// directory-managed and the directory placed it on another cell
+    /// (`WrongCell`) or nowhere (`NamespaceNotFound`).
+    pub async fn check_namespace(&self, namespace: &str) -> std::result::Result<(), stele_proto::Error> {
+        match &self.ownership {
+            None => Ok(()),
+            Some(o) => o.check(namespace, &self.catalog).await,
+        }
     }
 
     /// The transport's counters, if this node has peers.

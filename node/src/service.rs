@@ -276,6 +276,8 @@ impl DataService {
     }
 
     async fn append(&self, req: pb::AppendRequest) -> Result<pb::AppendResponse, ApiError> {
+        limits::validate_namespace(&req.namespace)?;
+        self.node.check_namespace(&req.namespace).await?;
         let (r, batch) = self.admit(req)?;
         let resp = r
             .raft
@@ -380,6 +382,8 @@ impl DataService {
     }
 
     async fn get(&self, req: pb::GetRequest) -> Result<pb::GetResponse, ApiError> {
+        limits::validate_namespace(&req.namespace)?;
+        self.node.check_namespace(&req.namespace).await?;
         let r = self.key_replica(&req.namespace, &req.key, &req.routing_key)?;
         self.read_barrier(&r, &req.read).await?;
         let tablet = r.tablet.clone();
@@ -402,6 +406,8 @@ impl DataService {
     }
 
     async fn scan_key(&self, req: pb::ScanKeyRequest) -> Result<pb::ScanResponse, ApiError> {
+        limits::validate_namespace(&req.namespace)?;
+        self.node.check_namespace(&req.namespace).await?;
         let r = self.key_replica(&req.namespace, &req.key, &req.routing_key)?;
         let cursor: Option<KeyCursor> = decode_cursor(&req.cursor)?;
         self.read_barrier(&r, &req.read).await?;
@@ -453,6 +459,7 @@ impl DataService {
 
     async fn scan(&self, req: pb::ScanRequest) -> Result<pb::ScanResponse, ApiError> {
         limits::validate_namespace(&req.namespace)?;
+        self.node.check_namespace(&req.namespace).await?;
         let cursor: Option<ScanCursor> = decode_cursor(&req.cursor)?;
         let limit = limit_of(req.limit);
         let (lo, hi) = vshard::namespace_range(&req.namespace);

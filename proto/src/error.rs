@@ -66,10 +66,9 @@ impl Error {
     /// What the caller should do.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::NotLeader { .. }
-            | Error::StaleRoute { .. }
-            | Error::TabletNotFound { .. }
-            | Error::WrongCell { .. } => ErrorKind::Redirect,
+            Error::NotLeader { .. } | Error::StaleRoute { .. } | Error::TabletNotFound { .. } => {
+                ErrorKind::Redirect
+            }
             Error::Unavailable { .. } | Error::TooStale { .. } | Error::Incomplete { .. } => {
                 ErrorKind::Retry
             }
@@ -77,7 +76,10 @@ impl Error {
             | Error::StorageFull { .. }
             | Error::ConditionFailed { .. }
             | Error::InvalidArgument { .. }
-            | Error::NamespaceNotFound { .. } => ErrorKind::Refuse,
+            | Error::NamespaceNotFound { .. }
+            // Nothing this cell can do: the caller resolves the namespace
+            // again through the directory (the cross-cell client does).
+            | Error::WrongCell { .. } => ErrorKind::Refuse,
         }
     }
 

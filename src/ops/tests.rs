@@ -163,6 +163,7 @@ async fn append_then_scan() {
     for (key, ts) in [("a", 10), ("b", 20), ("a", 30)] {
         let args = AppendArgs {
             endpoint: endpoint.clone(),
+            directory: vec![],
             namespace: "acme/web".into(),
             key: key.into(),
             value: format!("v{ts}"),
@@ -174,6 +175,7 @@ async fn append_then_scan() {
     }
     let mut args = ScanArgs {
         endpoint: endpoint.clone(),
+        directory: vec![],
         namespace: "acme/web".into(),
         key: Some("a".into()),
         prefix: None,
