@@ -22,6 +22,8 @@ pub struct ControlledCell {
     pub zones: Vec<String>,
     /// Extra controller flags (`--lease-ms`, ...).
     pub controller_flags: Vec<String>,
+    /// Extra node flags (`--directory`, `--cell-id`, ...).
+    pub node_flags: Vec<String>,
 }
 
 impl ControlledCell {
@@ -41,6 +43,7 @@ impl ControlledCell {
                 "--repair-grace-ms".into(),
                 "1000".into(),
             ],
+            node_flags: Vec::new(),
         }
     }
 
@@ -92,7 +95,7 @@ impl ControlledCell {
     }
 
     pub fn start_node(&self, n: usize) -> Proc {
-        let args: Vec<String> = vec![
+        let mut args: Vec<String> = vec![
             "server".into(),
             "--node-id".into(),
             n.to_string(),
@@ -124,6 +127,7 @@ impl ControlledCell {
             "--journal-reserve-bytes".into(),
             "0".into(),
         ];
+        args.extend(self.node_flags.iter().cloned());
         let a: Vec<&str> = args.iter().map(String::as_str).collect();
         Proc::start(&a, &[]).unwrap_or_else(|e| panic!("node {n}: {e}"))
     }
