@@ -21,8 +21,8 @@
 //! <data>/directory/                          the directory's quorum log
 //! <data>/cell-<c>/certs, <data>/cell-<c>/node-<i>
 //! directory   http://127.0.0.1:<port>
-//! client API  127.0.0.1:<port + 10c + i - 1>
-//! peer QUIC   127.0.0.1:<port + 100 + 10c + i - 1>
+//! client API  127.0.0.1:<port + 1 + (c - 1) N + i - 1>   (N: --nodes)
+//! peer QUIC   that + 100
 //! ```
 
 use std::io::{BufRead, BufReader};
@@ -211,7 +211,7 @@ pub async fn run(
             .map(|c| DevCell {
                 id: format!("c{c}"),
                 dir: data_dir.join(format!("cell-{c}")),
-                base: listen.port() + 10 * c as u16,
+                base: listen.port() + 1 + ((c - 1) * nodes) as u16,
             })
             .collect()
     };

@@ -132,7 +132,11 @@ fn cell_json(c: &pb::CellRecord) -> serde_json::Value {
 fn print_ns(n: &pb::NamespaceRecord) {
     let p = n.policy.unwrap_or_default();
     println!("namespace   {}", n.name);
-    println!("cell        {} (controllers {})", n.cell, n.controllers.join(","));
+    println!(
+        "cell        {} (controllers {})",
+        n.cell,
+        n.controllers.join(",")
+    );
     println!("state       {}", n.state);
     println!(
         "retention   {}",
@@ -175,10 +179,8 @@ pub async fn run_directory(cmd: DirectoryCommand) -> anyhow::Result<()> {
             let req = pb::DirectoryInitRequest {
                 members: members.clone(),
             };
-            let mut first = pb::directory_client::DirectoryClient::connect(
-                target.directory[0].clone(),
-            )
-            .await?;
+            let mut first =
+                pb::directory_client::DirectoryClient::connect(target.directory[0].clone()).await?;
             let resp = first.directory_init(req).await?.into_inner();
             let ids: Vec<u64> = members.iter().map(|m| m.id).collect();
             if target.json {
@@ -303,7 +305,10 @@ pub async fn run_ns(cmd: NsCommand) -> anyhow::Result<()> {
             size_limit_bytes,
             target,
         } => {
-            let now = get_namespace(&target, &name).await?.policy.unwrap_or_default();
+            let now = get_namespace(&target, &name)
+                .await?
+                .policy
+                .unwrap_or_default();
             let req = pb::UpdateNamespaceRequest {
                 name,
                 policy: Some(pb::NamespacePolicy {

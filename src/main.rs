@@ -674,11 +674,12 @@ fn run() -> anyhow::Result<()> {
                         !is_node && !is_controller,
                         "the directory role runs alone in its process (its own --listen)"
                     );
-                    anyhow::ensure!(a.directory_id > 0, "the directory role needs --directory-id");
-                    let mut d = stele_directory::DirectoryOptions::new(
-                        a.directory_id,
-                        a.data_dir.clone(),
+                    anyhow::ensure!(
+                        a.directory_id > 0,
+                        "the directory role needs --directory-id"
                     );
+                    let mut d =
+                        stele_directory::DirectoryOptions::new(a.directory_id, a.data_dir.clone());
                     d.auto_create = a.auto_create_namespaces;
                     return run_directory(d, a.listen).await;
                 }

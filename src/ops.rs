@@ -150,7 +150,11 @@ fn position_text(p: Option<&Position>) -> String {
 /// A client of the cell that holds `namespace`: through the directory when
 /// one is given (which may create the namespace on first use, if it allows
 /// that), else through the node at `endpoint`.
-async fn client_for(endpoint: &str, directory: &[String], namespace: &str) -> anyhow::Result<Client> {
+async fn client_for(
+    endpoint: &str,
+    directory: &[String],
+    namespace: &str,
+) -> anyhow::Result<Client> {
     if directory.is_empty() {
         return Client::connect(endpoint, ClientOptions::default())
             .await

@@ -164,11 +164,7 @@ impl GlobalClient {
         }
     }
 
-    pub async fn append(
-        &self,
-        namespace: &str,
-        records: Vec<Record>,
-    ) -> Result<Vec<pb::Position>> {
+    pub async fn append(&self, namespace: &str, records: Vec<Record>) -> Result<Vec<pb::Position>> {
         self.with_cell(namespace, |c| {
             let records = records.clone();
             async move { c.append(namespace, records).await }
@@ -199,8 +195,11 @@ impl GlobalClient {
     }
 
     pub async fn get(&self, namespace: &str, key: &[u8], read: ReadOptions) -> Result<Option<Row>> {
-        self.with_cell(namespace, |c| async move { c.get(namespace, key, read).await })
-            .await
+        self.with_cell(
+            namespace,
+            |c| async move { c.get(namespace, key, read).await },
+        )
+        .await
     }
 
     pub async fn scan_all(

@@ -214,7 +214,10 @@ impl pb::directory_server::Directory for Api {
         ids.sort_unstable();
         ids.dedup();
         if ids.len() != req.members.len() || ids.contains(&0) {
-            return Err(refuse("members", "member ids must be distinct and non-zero"));
+            return Err(refuse(
+                "members",
+                "member ids must be distinct and non-zero",
+            ));
         }
         let members = req
             .members
@@ -305,7 +308,10 @@ impl pb::directory_server::Directory for Api {
         if let Reply::Exists(ns) = r {
             return Err(refuse(
                 "name",
-                format!("namespace {:?} exists already (on cell {:?})", ns.name, ns.cell),
+                format!(
+                    "namespace {:?} exists already (on cell {:?})",
+                    ns.name, ns.cell
+                ),
             ));
         }
         Ok(Response::new(self.0.namespace_reply(r)?))

@@ -138,8 +138,7 @@ impl DirectoryState {
 
     /// Namespaces each cell holds.
     pub fn load(&self) -> BTreeMap<&str, u64> {
-        let mut load: BTreeMap<&str, u64> =
-            self.cells.keys().map(|id| (id.as_str(), 0)).collect();
+        let mut load: BTreeMap<&str, u64> = self.cells.keys().map(|id| (id.as_str(), 0)).collect();
         for ns in self.namespaces.values() {
             *load.entry(ns.cell.as_str()).or_default() += 1;
         }
@@ -213,9 +212,7 @@ impl DirectoryState {
                 }
                 let held = self.namespaces.values().filter(|n| n.cell == id).count();
                 if held > 0 {
-                    return Reply::Refused(format!(
-                        "cell {id:?} still holds {held} namespace(s)"
-                    ));
+                    return Reply::Refused(format!("cell {id:?} still holds {held} namespace(s)"));
                 }
                 self.generation += 1;
                 let cell = self.cells.get_mut(&id).expect("checked above");

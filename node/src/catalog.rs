@@ -306,9 +306,7 @@ impl Catalog {
         let txn = self.db.begin_write().map_err(|e| err(e.into()))?;
         {
             let mut table = txn.open_table(NAMESPACES).map_err(|e| err(e.into()))?;
-            table
-                .insert(namespace, record)
-                .map_err(|e| err(e.into()))?;
+            table.insert(namespace, record).map_err(|e| err(e.into()))?;
         }
         txn.commit().map_err(|e| err(e.into()))
     }

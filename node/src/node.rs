@@ -653,7 +653,10 @@ impl Node {
     /// Ok if this node may serve `namespace`: always, unless the cell is
     /// directory-managed and the directory placed it on another cell
     /// (`WrongCell`) or nowhere (`NamespaceNotFound`).
-    pub async fn check_namespace(&self, namespace: &str) -> std::result::Result<(), stele_proto::Error> {
+    pub async fn check_namespace(
+        &self,
+        namespace: &str,
+    ) -> std::result::Result<(), stele_proto::Error> {
         match &self.ownership {
             None => Ok(()),
             Some(o) => o.check(namespace, &self.catalog).await,

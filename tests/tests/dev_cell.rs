@@ -135,3 +135,93 @@ async fn dev_nodes_3_runs_a_replicated_cell_and_stops_it() {
         assert!(free, "node {} still listens after stele dev stopped", i + 1);
     }
 }
+
+/// `stele dev --cells 2`: a directory and two cells from one command; the
+/// CLI, given only the directory, creates namespaces on first use, spreads
+/// them over both cells and reads them back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_cells_2_runs_a_directory_and_two_cells() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = stele_tests::free_port_base(3);
+    let listen = format!("127.0.0.1:{base}");
+    let d = dir.path().to_str().unwrap();
+    let args = [
+        "dev",
+        "--cells",
+        "2",
+        "--data-dir",
+        d,
+        "--listen",
+        &listen,
+        "--tablets",
+        "2",
+        "--election-timeout-ms",
+        "1000",
+    ];
+    let proc = Proc::start(&args, &[]).unwrap();
+    let directory = format!("http://{listen}");
+    // The directory answers first; the cells register once they are led.
+    let mut cells = serde_json::Value::Null;
+    for _ in 0..300 {
+        let (ok, out, _) = stele_tests::run(&["cell", "list", "--directory", &directory, "--json"]);
+        if ok {
+            cells = serde_json::from_str(out.trim()).unwrap();
+            if cells.as_array().is_some_and(|c| c.len() == 2) {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ids: Vec<&str> = cells
+        .as_array()
+        .expect("the dev cells never registered")
+        .iter()
+        .map(|c| c["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["c1", "c2"]);
+    for ns in ["dev/one", "dev/two"] {
+        let (ok, out, err) = stele_tests::run(&[
+            "append",
+            "--directory",
+            &directory,
+            "--namespace",
+            ns,
+            "--key",
+            "k",
+            "--value",
+            ns,
+        ]);
+        assert!(ok, "append {ns}: {out}{err}");
+        let (ok, out, err) = stele_tests::run(&[
+            "scan",
+            "--directory",
+            &directory,
+            "--namespace",
+            ns,
+            "--json",
+        ]);
+        assert!(ok && out.contains(ns), "scan {ns}: {out}{err}");
+    }
+    let (ok, out, err) = stele_tests::run(&["ns", "list", "--directory", &directory, "--json"]);
+    assert!(ok, "{err}");
+    let list: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let placed: Vec<(&str, &str)> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| (n["name"].as_str().unwrap(), n["cell"].as_str().unwrap()))
+        .collect();
+    assert_eq!(placed, [("dev/one", "c1"), ("dev/two", "c2")]);
+    assert!(proc.terminate().success());
+    for port in base..base + 3 {
+        let mut free = false;
+        for _ in 0..50 {
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                free = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(free, "port {port} still in use after stele dev stopped");
+    }
+}

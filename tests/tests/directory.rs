@@ -140,8 +140,17 @@ async fn namespaces_route_across_cells_and_outlive_the_directory() {
         "--label",
         "region=r1",
     ]);
-    assert_eq!((c1["id"].as_str(), c1["status"].as_str()), (Some("c1"), Some("active")));
-    dir.json(&["cell", "register", "c2", "--controllers", &b.controllers_arg()]);
+    assert_eq!(
+        (c1["id"].as_str(), c1["status"].as_str()),
+        (Some("c1"), Some("active"))
+    );
+    dir.json(&[
+        "cell",
+        "register",
+        "c2",
+        "--controllers",
+        &b.controllers_arg(),
+    ]);
 
     // Placement: explicit, then least-loaded (c2 holds fewer).
     let wa = dir.json(&["ns", "create", "w/a", "--cell", "c1"]);
@@ -156,16 +165,68 @@ async fn namespaces_route_across_cells_and_outlive_the_directory() {
         dir.json(&["cell", "list"]),
     );
     let cases: Vec<(Vec<String>, &str)> = vec![
-        (vec!["ns".into(), "create".into(), "w/a".into()], "exists already"),
+        (
+            vec!["ns".into(), "create".into(), "w/a".into()],
+            "exists already",
+        ),
         (vec!["ns".into(), "create".into(), "".into()], "namespace"),
-        (vec!["ns".into(), "create".into(), format!("w/{}", "p".repeat(65))], "1 to 64 bytes"),
-        (vec!["ns".into(), "create".into(), "w/b c".into()], "letters, digits"),
-        (vec!["ns".into(), "create".into(), "w/x".into(), "--cell".into(), "c9".into()], "no cell"),
-        (vec!["cell".into(), "retire".into(), "c1".into()], "still holds 1 namespace"),
+        (
+            vec![
+                "ns".into(),
+                "create".into(),
+                format!("w/{}", "p".repeat(65)),
+            ],
+            "1 to 64 bytes",
+        ),
+        (
+            vec!["ns".into(), "create".into(), "w/b c".into()],
+            "letters, digits",
+        ),
+        (
+            vec![
+                "ns".into(),
+                "create".into(),
+                "w/x".into(),
+                "--cell".into(),
+                "c9".into(),
+            ],
+            "no cell",
+        ),
+        (
+            vec!["cell".into(), "retire".into(), "c1".into()],
+            "still holds 1 namespace",
+        ),
         (vec!["cell".into(), "retire".into(), "c9".into()], "no cell"),
-        (vec!["ns".into(), "update".into(), "w/none".into(), "--retention-s".into(), "5".into()], "not in the directory"),
-        (vec!["cell".into(), "register".into(), "bad id".into(), "--controllers".into(), "http://x".into()], "letters, digits"),
-        (vec!["cell".into(), "register".into(), "c3".into(), "--controllers".into(), "not-a-url".into()], "not an http"),
+        (
+            vec![
+                "ns".into(),
+                "update".into(),
+                "w/none".into(),
+                "--retention-s".into(),
+                "5".into(),
+            ],
+            "not in the directory",
+        ),
+        (
+            vec![
+                "cell".into(),
+                "register".into(),
+                "bad id".into(),
+                "--controllers".into(),
+                "http://x".into(),
+            ],
+            "letters, digits",
+        ),
+        (
+            vec![
+                "cell".into(),
+                "register".into(),
+                "c3".into(),
+                "--controllers".into(),
+                "not-a-url".into(),
+            ],
+            "not an http",
+        ),
     ];
     for (args, why) in &cases {
         let a: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -176,8 +237,14 @@ async fn namespaces_route_across_cells_and_outlive_the_directory() {
     let spare_ep = "http://127.0.0.1:1";
     dir.json(&["cell", "register", "c3", "--controllers", spare_ep]);
     dir.json(&["cell", "retire", "c3"]);
-    assert!(dir.refused(&["ns", "create", "w/x", "--cell", "c3"]).contains("retired"));
-    assert!(dir.refused(&["cell", "register", "c3", "--controllers", spare_ep]).contains("retired"));
+    assert!(
+        dir.refused(&["ns", "create", "w/x", "--cell", "c3"])
+            .contains("retired")
+    );
+    assert!(
+        dir.refused(&["cell", "register", "c3", "--controllers", spare_ep])
+            .contains("retired")
+    );
     let after = (
         dir.json(&["directory", "status"])["generation"].clone(),
         dir.json(&["ns", "list"]),
@@ -195,18 +262,32 @@ async fn namespaces_route_across_cells_and_outlive_the_directory() {
     let (a_node, b_node) = (a.node_endpoint(1), b.node_endpoint(1));
     let b_log = log_total(&b_node).await;
     for i in 0..30 {
-        g.append("w/a", vec![record(format!("k{i}"), i + 1, format!("a{i:03}"))])
-            .await
-            .unwrap();
+        g.append(
+            "w/a",
+            vec![record(format!("k{i}"), i + 1, format!("a{i:03}"))],
+        )
+        .await
+        .unwrap();
     }
-    assert_eq!(log_total(&b_node).await, b_log, "w/a records reached cell c2");
+    assert_eq!(
+        log_total(&b_node).await,
+        b_log,
+        "w/a records reached cell c2"
+    );
     let a_log = log_total(&a_node).await;
     for i in 0..30 {
-        g.append("w/b", vec![record(format!("k{i}"), i + 1, format!("b{i:03}"))])
-            .await
-            .unwrap();
+        g.append(
+            "w/b",
+            vec![record(format!("k{i}"), i + 1, format!("b{i:03}"))],
+        )
+        .await
+        .unwrap();
     }
-    assert_eq!(log_total(&a_node).await, a_log, "w/b records reached cell c1");
+    assert_eq!(
+        log_total(&a_node).await,
+        a_log,
+        "w/b records reached cell c1"
+    );
     let want = |p: &str| (0..30).map(|i| format!("{p}{i:03}")).collect::<Vec<_>>();
     assert_eq!(scan_values(&g, "w/a").await, want("a"));
     assert_eq!(scan_values(&g, "w/b").await, want("b"));
@@ -237,20 +318,36 @@ async fn namespaces_route_across_cells_and_outlive_the_directory() {
         .scan_all("w/a", 0, 0, b"", ReadOptions::default())
         .await
         .unwrap_err();
-    assert!(matches!(err.api(), Some(stele_proto::Error::WrongCell { .. })), "{err}");
+    assert!(
+        matches!(err.api(), Some(stele_proto::Error::WrongCell { .. })),
+        "{err}"
+    );
     // A namespace the directory never heard of.
     let err = wrong
         .append("w/nowhere", vec![record("k", 1, "lost")])
         .await
         .unwrap_err();
     assert!(
-        matches!(err.api(), Some(stele_proto::Error::NamespaceNotFound { .. })),
+        matches!(
+            err.api(),
+            Some(stele_proto::Error::NamespaceNotFound { .. })
+        ),
         "{err}"
     );
-    assert_eq!(log_total(&b_node).await, b_log, "a refused request wrote on c2");
-    let err = g.append("w/nowhere", vec![record("k", 1, "x")]).await.unwrap_err();
+    assert_eq!(
+        log_total(&b_node).await,
+        b_log,
+        "a refused request wrote on c2"
+    );
+    let err = g
+        .append("w/nowhere", vec![record("k", 1, "x")])
+        .await
+        .unwrap_err();
     assert!(
-        matches!(err.api(), Some(stele_proto::Error::NamespaceNotFound { .. })),
+        matches!(
+            err.api(),
+            Some(stele_proto::Error::NamespaceNotFound { .. })
+        ),
         "{err}"
     );
 
@@ -264,9 +361,12 @@ async fn namespaces_route_across_cells_and_outlive_the_directory() {
         writers.push(tokio::spawn(async move {
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                g.append(ns, vec![record(format!("w{w}-{i}"), 1000 + i, format!("w{i:05}"))])
-                    .await
-                    .unwrap_or_else(|e| panic!("write to {ns} failed: {e}"));
+                g.append(
+                    ns,
+                    vec![record(format!("w{w}-{i}"), 1000 + i, format!("w{i:05}"))],
+                )
+                .await
+                .unwrap_or_else(|e| panic!("write to {ns} failed: {e}"));
                 acked.fetch_add(1, Ordering::Relaxed);
                 i += 1;
             }
@@ -274,12 +374,16 @@ async fn namespaces_route_across_cells_and_outlive_the_directory() {
         }));
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let leader = dir.json(&["directory", "status"])["leader_id"].as_u64().unwrap() as usize;
+    let leader = dir.json(&["directory", "status"])["leader_id"]
+        .as_u64()
+        .unwrap() as usize;
     members.remove(&leader).unwrap().kill9();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let wc = dir.json(&["ns", "create", "w/c", "--cell", "c1"]);
     assert_eq!(wc["cell"], "c1");
-    let new_leader = dir.json(&["directory", "status"])["leader_id"].as_u64().unwrap() as usize;
+    let new_leader = dir.json(&["directory", "status"])["leader_id"]
+        .as_u64()
+        .unwrap() as usize;
     assert_ne!(new_leader, leader);
 
     // Then every directory member: resolved namespaces keep working.
