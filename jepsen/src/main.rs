@@ -39,8 +39,13 @@ enum Cmd {
         seed: u64,
         #[arg(long, default_value_t = 6)]
         processes: u64,
+        /// Keys written at once.
         #[arg(long, default_value_t = 5)]
         keys: u64,
+        /// Appends a key takes before a fresh key replaces it (keeps lists
+        /// short, so a long run stays checkable).
+        #[arg(long, default_value_t = 200)]
+        appends_per_key: u64,
         /// Negative control: nodes serve leader reads without a read index.
         #[arg(long)]
         unsafe_local_reads: bool,
@@ -88,6 +93,7 @@ fn main() -> std::process::ExitCode {
                 seed,
                 processes,
                 keys,
+                appends_per_key,
                 unsafe_local_reads,
                 controlled,
             } => {
@@ -109,6 +115,7 @@ fn main() -> std::process::ExitCode {
                     nemeses: nemesis,
                     processes,
                     keys,
+                    appends_per_key,
                     unsafe_local_reads,
                     controlled,
                 };
@@ -143,6 +150,8 @@ fn main() -> std::process::ExitCode {
                         nemeses,
                         processes: 6,
                         keys: 4,
+                        // Small, so the smoke exercises key rotation.
+                        appends_per_key: 60,
                         unsafe_local_reads: unsafe_reads,
                         controlled,
                     };

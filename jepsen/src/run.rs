@@ -66,7 +66,11 @@ pub struct RunOptions {
     pub time_limit: Duration,
     pub nemeses: Vec<Nemesis>,
     pub processes: u64,
+    /// Keys written at once.
     pub keys: u64,
+    /// A key takes this many appends, then a fresh key takes its slot, so
+    /// lists stay short and a long run's history stays checkable.
+    pub appends_per_key: u64,
     /// Negative control: nodes serve leader reads without a read index.
     pub unsafe_local_reads: bool,
     /// Four nodes placed by a controller instead of a static three-node
@@ -165,13 +169,59 @@ impl Target {
     }
 }
 
+/// The keys in play: `keys` slots, each holding a key until it has taken
+/// `appends_per_key` appends, then a fresh key (`k<slot>-<generation>`).
+/// Every key ever used is read at the end.
+pub struct KeySpace {
+    slots: Vec<Mutex<(u64, u64)>>,
+    appends_per_key: u64,
+    used: Mutex<std::collections::BTreeSet<String>>,
+}
+
+impl KeySpace {
+    pub fn new(keys: u64, appends_per_key: u64) -> KeySpace {
+        KeySpace {
+            slots: (0..keys).map(|_| Mutex::new((0, 0))).collect(),
+            appends_per_key: appends_per_key.max(1),
+            used: Mutex::new(Default::default()),
+        }
+    }
+
+    fn name(slot: usize, generation: u64) -> String {
+        format!("k{slot}-{generation}")
+    }
+
+    /// The key to append to in `slot` (counting the append).
+    fn for_append(&self, slot: usize) -> String {
+        let mut s = self.slots[slot].lock().expect("lock");
+        if s.1 >= self.appends_per_key {
+            *s = (s.0 + 1, 0);
+        }
+        s.1 += 1;
+        let key = KeySpace::name(slot, s.0);
+        self.used.lock().expect("lock").insert(key.clone());
+        key
+    }
+
+    /// The key to read in `slot`.
+    fn for_read(&self, slot: usize) -> String {
+        let key = KeySpace::name(slot, self.slots[slot].lock().expect("lock").0);
+        self.used.lock().expect("lock").insert(key.clone());
+        key
+    }
+
+    fn used(&self) -> Vec<String> {
+        self.used.lock().expect("lock").iter().cloned().collect()
+    }
+}
+
 /// One client process: appends unique values to random keys and reads
 /// whole lists, one operation at a time, seeded at node `seed_node`.
 async fn client_process(
     p: u64,
     seed_node: usize,
     endpoint: Target,
-    keys: u64,
+    keys: Arc<KeySpace>,
     seed: u64,
     stop_at: Instant,
     rec: Arc<Recorder>,
@@ -190,8 +240,9 @@ async fn client_process(
             }
         }
         let c = client.as_ref().expect("connected above");
-        let key = format!("k{}", rng.random_range(0..keys));
+        let slot = rng.random_range(0..keys.slots.len());
         if rng.random_bool(0.5) {
+            let key = keys.for_append(slot);
             next += 1;
             let value = p * 1_000_000 + next;
             let op = Op::Append {
@@ -212,6 +263,7 @@ async fn client_process(
             };
             rec.record(p, kind, op, seed_node as u64);
         } else {
+            let key = keys.for_read(slot);
             rec.record(
                 p,
                 Kind::Invoke,
@@ -380,20 +432,26 @@ fn churn(cell: &Cell, ns_lo: u32, rng: &mut StdRng) -> String {
 }
 
 /// Every key's final list, read linearizably once the cell recovered.
-async fn final_reads(cell: &Cell, keys: u64) -> anyhow::Result<BTreeMap<String, Vec<u64>>> {
-    let deadline = Instant::now() + Duration::from_secs(60);
+async fn final_reads(
+    cell: &Cell,
+    keys: &[String],
+) -> anyhow::Result<BTreeMap<String, Vec<u64>>> {
+    let deadline = Instant::now() + Duration::from_secs(60 + keys.len() as u64 / 10);
     let mut finals = BTreeMap::new();
-    for k in 0..keys {
-        let key = format!("k{k}");
+    let mut client: Option<Client> = None;
+    for (k, key) in keys.iter().enumerate() {
         loop {
-            let n = 1 + (k as usize % cell.spec.nodes);
+            let n = 1 + (k % cell.spec.nodes);
             let target = if cell.spec.controlled {
                 Target::Controller(cell.controller_endpoint())
             } else {
                 Target::Node(cell.endpoint(n))
             };
             let got = async {
-                let c = target.connect().await?;
+                if client.is_none() {
+                    client = Some(target.connect().await?);
+                }
+                let c = client.as_ref().expect("connected above");
                 c.scan_key_all(NAMESPACE, key.as_bytes(), 0, 0, ReadOptions::default())
                     .await
             }
@@ -404,6 +462,7 @@ async fn final_reads(cell: &Cell, keys: u64) -> anyhow::Result<BTreeMap<String, 
                     break;
                 }
                 Err(e) => {
+                    client = None;
                     anyhow::ensure!(
                         Instant::now() < deadline,
                         "the cell did not recover: final read of {key}: {e}"
@@ -465,6 +524,7 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         events: Mutex::new(Vec::new()),
     });
     let stop_at = Instant::now() + opts.time_limit;
+    let keys = Arc::new(KeySpace::new(opts.keys, opts.appends_per_key));
     let mut clients = Vec::new();
     for p in 0..opts.processes {
         let seed_node = 1 + (p as usize % nodes);
@@ -477,7 +537,7 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
             p,
             seed_node,
             target,
-            opts.keys,
+            keys.clone(),
             opts.seed,
             stop_at,
             rec.clone(),
@@ -489,7 +549,7 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         c.await.context("client process panicked")?;
     }
     cell.heal()?;
-    let finals = final_reads(&cell, opts.keys).await?;
+    let finals = final_reads(&cell, &keys.used()).await?;
     cell.stop();
     let events = rec.events.lock().expect("lock").clone();
     write_jsonl(&dir.join("history.jsonl"), &events)?;
