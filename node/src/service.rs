@@ -685,6 +685,8 @@ impl Data for DataService {
             manifests_published: tier_stat(|s| &s.manifests_published),
             cold_bytes_fetched: tier_stat(|s| &s.cold_bytes_fetched),
             cold_bytes_cached: tier_stat(|s| &s.cold_bytes_cached),
+            peer_bytes_in: ts.as_ref().map_or(0, |t| t.bytes_in),
+            peer_bytes_out: ts.as_ref().map_or(0, |t| t.bytes_out),
         }))
     }
 }

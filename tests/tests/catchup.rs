@@ -94,6 +94,7 @@ async fn stopped_follower_catches_up_by_snapshot_after_purge() {
     let f_status = status(&cell.endpoint(follower)).await;
     assert_eq!(f_status.snapshots_installed, 0);
 
+    let in_before = f_status.peer_bytes_in;
     let stopped = Stopped::stop(procs[&follower].child.id());
     let stopped_at = Instant::now();
     // ~400 KiB of rows: several seals, each followed by a snapshot and a
@@ -166,6 +167,15 @@ async fn stopped_follower_catches_up_by_snapshot_after_purge() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     let caught_up = resumed_at.elapsed();
+    // Without a cold tier the sealed bytes cross the node transport.
+    let moved = f_status.peer_bytes_in - in_before;
+    let fetched_bytes: u64 = segments(&cell.segment_dir(follower, tablet.id))
+        .values()
+        .map(|b| b.len() as u64)
+        .sum();
+    eprintln!(
+        "follower {follower}: {moved} bytes over the transport while catching up, {fetched_bytes} bytes of segments on disk"
+    );
     let f_tablet = tablet_of(&cell.endpoint(follower), NS).await;
     assert!(
         f_tablet.purged_index >= purged.purged_index.min(f_tablet.checkpoint_index),

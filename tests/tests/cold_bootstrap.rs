@@ -57,11 +57,23 @@ async fn stopped_follower_installs_segments_from_the_bucket() {
     let client = Client::connect(&cell.endpoint(leader), client_options())
         .await
         .unwrap();
-    let value = |i: u64| format!("v{i:05}-{}", "x".repeat(1000));
+    // Incompressible values, so bytes on the wire and in segments compare;
+    // large enough that the sealed bytes dwarf the per-batch state a
+    // snapshot carries (receipts, ~100 bytes a batch).
+    let value = |i: u64| {
+        use rand::Rng;
+        let noise: String = rand::rng()
+            .sample_iter(rand::distr::Alphanumeric)
+            .take(4000)
+            .map(char::from)
+            .collect();
+        format!("v{i:05}-{noise}")
+    };
     let mut acked = Vec::new();
     for i in 0..20u64 {
-        append_acked(&client, i, &value(i)).await;
-        acked.push(value(i));
+        let v = value(i);
+        append_acked(&client, i, &v).await;
+        acked.push(v);
     }
     let f_before = loop {
         let t = tablet_of(&cell.endpoint(follower), NS).await;
@@ -70,11 +82,13 @@ async fn stopped_follower_installs_segments_from_the_bucket() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
+    let in_before = status(&cell.endpoint(follower)).await.peer_bytes_in;
     let stopped = Stopped(procs[&follower].child.id());
     stele_tests::signal(stopped.0, libc::SIGSTOP);
     for i in 20..420u64 {
-        append_acked(&client, i, &value(i)).await;
-        acked.push(value(i));
+        let v = value(i);
+        append_acked(&client, i, &v).await;
+        acked.push(v);
     }
     let t0 = Instant::now();
     loop {
@@ -100,6 +114,7 @@ async fn stopped_follower_installs_segments_from_the_bucket() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let tail = tablet_of(&cell.endpoint(leader), NS).await.memtable_bytes;
     drop(stopped);
     let resumed = Instant::now();
     let s = loop {
@@ -132,13 +147,41 @@ async fn stopped_follower_installs_segments_from_the_bucket() {
         s.segments_fetched, 0,
         "segments crossed the node transport instead of coming from the bucket"
     );
+    // Bytes that reached the follower over the node transport while it
+    // caught up (the snapshot message, the log after it, heartbeats)
+    // against the sealed bytes it needed, which came from the bucket.
+    let moved = s.peer_bytes_in - in_before;
+    let sealed: u64 = walk(bucket.path())
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
     eprintln!(
-        "follower {follower} caught up in {:?}: {} snapshot(s), 0 segments over the transport, {} cold bytes fetched",
+        "follower {follower} caught up in {:?}: {} snapshot(s), 0 segments over the transport; \
+         {moved} bytes over the transport (unsealed tail {tail} bytes), {sealed} sealed bytes in the bucket, \
+         {} cold bytes fetched",
         resumed.elapsed(),
         s.snapshots_installed,
         s.cold_bytes_fetched
     );
+    assert!(
+        moved < sealed / 4,
+        "{moved} bytes crossed the transport for {sealed} sealed bytes and a {tail}-byte tail"
+    );
     for (_, p) in procs {
         p.terminate();
     }
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().map(Result::unwrap) {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
 }
