@@ -432,10 +432,7 @@ fn churn(cell: &Cell, ns_lo: u32, rng: &mut StdRng) -> String {
 }
 
 /// Every key's final list, read linearizably once the cell recovered.
-async fn final_reads(
-    cell: &Cell,
-    keys: &[String],
-) -> anyhow::Result<BTreeMap<String, Vec<u64>>> {
+async fn final_reads(cell: &Cell, keys: &[String]) -> anyhow::Result<BTreeMap<String, Vec<u64>>> {
     let deadline = Instant::now() + Duration::from_secs(60 + keys.len() as u64 / 10);
     let mut finals = BTreeMap::new();
     let mut client: Option<Client> = None;

@@ -89,6 +89,30 @@ pub fn disk_usage(path: &Path) -> io::Result<(u64, u64)> {
     Ok((st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize))
 }
 
+/// Bytes of every file under `dir` (what a disk holding only `dir` would
+/// have used). Files that vanish during the walk are skipped.
+pub fn tree_bytes(dir: &Path) -> io::Result<u64> {
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let entries = match std::fs::read_dir(&d) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound && d != dir => continue,
+            Err(e) => return Err(e),
+        };
+        for entry in entries {
+            let Ok(entry) = entry else { continue };
+            let Ok(meta) = entry.metadata() else { continue };
+            if meta.is_dir() {
+                stack.push(entry.path());
+            } else {
+                total += meta.len();
+            }
+        }
+    }
+    Ok(total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

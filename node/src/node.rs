@@ -765,11 +765,25 @@ impl Node {
 
     /// Free bytes on the data directory's filesystem.
     /// The journal's free-space fault override, when set, stands in for the
-    /// filesystem (tests drive a filling disk through it).
+    /// filesystem (tests drive a filling disk through it), then a simulated
+    /// disk (`disk-bytes`).
     pub fn free_bytes(&self) -> u64 {
         match self.options.journal.faults.free_bytes() {
             Some(free) => free,
-            None => crate::fsutil::free_bytes(&self.options.data_dir).unwrap_or(u64::MAX),
+            None => self.disk_usage().map_or(u64::MAX, |(_, avail)| avail),
+        }
+    }
+
+    /// `(total, available)` bytes of the disk holding the data directory:
+    /// the filesystem's, or the simulated disk's (`disk-bytes`, whose
+    /// contents are the data directory alone).
+    pub fn disk_usage(&self) -> std::io::Result<(u64, u64)> {
+        match self.options.journal.faults.disk_bytes() {
+            Some(total) => {
+                let used = crate::fsutil::tree_bytes(&self.options.data_dir)?;
+                Ok((total, total.saturating_sub(used)))
+            }
+            None => crate::fsutil::disk_usage(&self.options.data_dir),
         }
     }
 

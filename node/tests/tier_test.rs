@@ -773,3 +773,299 @@ async fn retention_keeps_namespaces_without_a_period() {
     assert_eq!(after.0, hot.0);
     n.stop().await;
 }
+
+/// A TCP proxy in front of the S3 server that can make it unreachable: on
+/// `cut_after(n)` it forwards `n` more request bytes, then drops every
+/// connection mid-stream and refuses new ones until `restore()`.
+struct CutProxy {
+    port: u16,
+    up: tokio::sync::watch::Sender<bool>,
+    /// Request bytes still forwarded before the cut (negative: not armed).
+    budget: Arc<std::sync::atomic::AtomicI64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CutProxy {
+    async fn start(upstream: u16) -> CutProxy {
+        use std::sync::atomic::AtomicI64;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (up, _) = tokio::sync::watch::channel(true);
+        let budget = Arc::new(AtomicI64::new(-1));
+        let (up2, budget2) = (up.clone(), budget.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut down, _)) = listener.accept().await else {
+                    return;
+                };
+                if !*up2.borrow() {
+                    continue; // dropped: connection reset
+                }
+                let (up3, budget3) = (up2.clone(), budget2.clone());
+                let mut watch = up2.subscribe();
+                tokio::spawn(async move {
+                    let Ok(mut upstream) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                    else {
+                        return;
+                    };
+                    let (mut dr, mut dw) = down.split();
+                    let (mut ur, mut uw) = upstream.split();
+                    let requests = async {
+                        let mut buf = vec![0u8; 16 << 10];
+                        loop {
+                            let n = dr.read(&mut buf).await?;
+                            if n == 0 {
+                                return Ok::<(), std::io::Error>(());
+                            }
+                            let mut n_fwd = n;
+                            let left = budget3.load(Ordering::SeqCst);
+                            if left >= 0 {
+                                let after = left - n as i64;
+                                budget3.store(after.max(-2), Ordering::SeqCst);
+                                if after <= 0 {
+                                    // Forward what the budget allows, then cut.
+                                    n_fwd = left as usize;
+                                    uw.write_all(&buf[..n_fwd]).await?;
+                                    up3.send_replace(false);
+                                    return Ok(());
+                                }
+                            }
+                            uw.write_all(&buf[..n_fwd]).await?;
+                        }
+                    };
+                    let replies = tokio::io::copy(&mut ur, &mut dw);
+                    tokio::select! {
+                        _ = requests => {}
+                        _ = replies => {}
+                        _ = watch.wait_for(|up| !*up) => {}
+                    }
+                });
+            }
+        });
+        CutProxy {
+            port,
+            up,
+            budget,
+            task,
+        }
+    }
+
+    fn cut_after(&self, bytes: i64) {
+        self.budget.store(bytes, Ordering::SeqCst);
+    }
+
+    fn is_up(&self) -> bool {
+        *self.up.borrow()
+    }
+
+    fn restore(&self) {
+        self.budget.store(-1, Ordering::SeqCst);
+        self.up.send_replace(true);
+    }
+}
+
+impl Drop for CutProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The S3 server becomes unreachable in the middle of a segment upload and
+/// stays so for two minutes while ingest goes on. Nothing is evicted
+/// without a confirmed cold copy, so the node's (simulated) disk fills to
+/// its reserve and appends are refused with `StorageFull`, losing nothing.
+/// Once S3 is back, uploads resume, eviction frees the disk, appends are
+/// accepted again, and every acknowledged record reads back exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_unreachable_for_minutes_fills_the_disk_to_its_reserve_and_loses_nothing() {
+    if s3_endpoint().is_none() || std::env::var("STELE_TEST_MOTO_SERVER").is_err() {
+        assert_ne!(
+            std::env::var("STELE_TEST_REQUIRE_S3").as_deref(),
+            Ok("1"),
+            "STELE_TEST_MOTO_SERVER is needed"
+        );
+        return;
+    }
+    let outage = Duration::from_secs(
+        std::env::var("STELE_TEST_S3_OUTAGE_S")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(120),
+    );
+    let moto_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let moto = Moto::start(moto_port);
+    let proxy = CutProxy::start(moto_port).await;
+    let mut topts = s3_tier_options(&format!("http://127.0.0.1:{}", proxy.port), "fill");
+    // Eviction by the disk watermarks only, not by age.
+    topts.hot_age = Duration::from_secs(3600);
+    topts.upload_attempts_max = 2;
+    topts.upload_backoff = Duration::from_millis(100);
+    let tier = Tier::open(topts).expect("tier");
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path(), tier.clone());
+    o.tablet.memtable_bytes_max = 512 << 10;
+    o.disk_reserve_bytes = 4 << 20;
+    let faults = o.journal.faults.clone();
+    let mut n = start(o).await;
+    // A 40 MiB disk, of which the data directory holds what it holds now.
+    let used = stele_node::fsutil::tree_bytes(dir.path()).unwrap();
+    faults.set_disk_bytes(Some(used + (40 << 20)));
+
+    // Incompressible, so segments are as large as their rows and the cut
+    // lands inside a segment's PUT body.
+    let value = |b: u64, i: usize| {
+        let mut v = format!("b{b:06} r{i:03} ").into_bytes();
+        let mut x = (b << 8 | i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        while v.len() < 4096 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            v.extend_from_slice(&x.to_le_bytes());
+        }
+        v.truncate(4096);
+        v
+    };
+    let mut acked: Vec<Vec<u8>> = Vec::new();
+    let mut batch = 0u64;
+    let tablets = n
+        .client
+        .list_tablets(pb::ListTabletsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .tablets;
+    // One batch of 32 records of 4 KiB to one tablet; Ok(()) when acked.
+    let append = |batch: u64| {
+        let key = format!("fill-{batch:06}").into_bytes();
+        let v = stele_proto::vshard::vshard(NS, &key);
+        let t = tablets
+            .iter()
+            .find(|t| v >= t.vshard_lo && u64::from(v) < t.vshard_hi)
+            .unwrap();
+        let records: Vec<pb::Record> = (0..32)
+            .map(|i| pb::Record {
+                key: key.clone(),
+                ts: 1 + i as u64,
+                value: value(batch, i),
+                routing_key: None,
+            })
+            .collect();
+        let req = pb::AppendRequest {
+            tablet: t.id,
+            generation: t.generation,
+            batch_id: (1u128 << 64 | u128::from(batch)).to_be_bytes().to_vec(),
+            namespace: NS.into(),
+            records,
+            ..Default::default()
+        };
+        let mut c = n.client.clone();
+        async move { c.append(req).await.map(|_| ()) }
+    };
+
+    // Before the outage: a few MiB, uploaded normally.
+    for _ in 0..40 {
+        batch += 1;
+        append(batch).await.expect("append before the outage");
+        acked.extend((0..32).map(|i| value(batch, i)));
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while tier.stats.segments_uploaded.load(Ordering::Relaxed) == 0 {
+        assert!(std::time::Instant::now() < deadline, "nothing uploaded");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Cut the connection 100 KiB into the next upload.
+    proxy.cut_after(100 << 10);
+    let outage_began = std::time::Instant::now();
+    let evicted_at_cut = tier.stats.segments_evicted.load(Ordering::Relaxed);
+    let mut refused = 0u64;
+    let mut full_at = None;
+    while outage_began.elapsed() < outage {
+        batch += 1;
+        match append(batch).await {
+            Ok(()) => acked.extend((0..32).map(|i| value(batch, i))),
+            Err(status) => match stele_proto::Error::from_status(&status) {
+                stele_proto::Error::StorageFull { .. } => {
+                    refused += 1;
+                    full_at.get_or_insert(outage_began.elapsed());
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                other => panic!("append during the outage: {other}"),
+            },
+        }
+    }
+    assert!(!proxy.is_up(), "the upload was never cut");
+    let full_at = full_at.expect("the disk never filled to its reserve");
+    assert!(refused > 0);
+    assert!(tier.stats.upload_failures.load(Ordering::Relaxed) > 0);
+    // Nothing without a confirmed cold copy was evicted.
+    assert_eq!(
+        tier.stats.segments_evicted.load(Ordering::Relaxed),
+        evicted_at_cut,
+        "evicted during the outage"
+    );
+    for r in n.node.replicas() {
+        for (s, reader) in &r.tablet.read().segments {
+            assert!(
+                !reader.is_remote() || s.cold.is_some(),
+                "evicted without a cold copy"
+            );
+        }
+    }
+    eprintln!(
+        "outage of {outage:?}: disk full after {full_at:?}, {refused} appends refused with StorageFull, {} acknowledged",
+        acked.len() / 32
+    );
+
+    // S3 is back: uploads resume, eviction frees the disk, appends resume.
+    proxy.restore();
+    let back = std::time::Instant::now();
+    loop {
+        batch += 1;
+        match append(batch).await {
+            Ok(()) => {
+                acked.extend((0..32).map(|i| value(batch, i)));
+                break;
+            }
+            Err(status) => {
+                assert!(
+                    matches!(
+                        stele_proto::Error::from_status(&status),
+                        stele_proto::Error::StorageFull { .. }
+                    ),
+                    "{status}"
+                );
+                assert!(
+                    back.elapsed() < Duration::from_secs(90),
+                    "appends still refused {:?} after S3 came back",
+                    back.elapsed()
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    assert!(tier.stats.segments_evicted.load(Ordering::Relaxed) > evicted_at_cut);
+    eprintln!(
+        "appends accepted again {:?} after S3 came back",
+        back.elapsed()
+    );
+
+    // Every acknowledged record, exactly once.
+    tier.cache.clear();
+    let (rows, ..) = n.read_all().await;
+    let mut seen: std::collections::HashMap<Vec<u8>, usize> = Default::default();
+    for r in rows {
+        *seen.entry(r.value).or_default() += 1;
+    }
+    assert!(seen.values().all(|c| *c == 1), "a record read twice");
+    let missing = acked.iter().filter(|v| !seen.contains_key(*v)).count();
+    assert_eq!(missing, 0, "acknowledged records missing");
+    n.stop().await;
+    drop(proxy);
+    moto.stop();
+}

@@ -84,7 +84,10 @@ impl Options {
 /// `STELE_FAILPOINTS=journal-sync-eio` makes the first group fsync fail with
 /// EIO; `journal-sync-eio=N` makes the N-th one fail; `journal-write-eio[=N]`
 /// does the same for the group write (which then writes half its bytes first,
-/// like a torn write). Several points are separated by commas.
+/// like a torn write). `disk-bytes=N` makes the node see a disk of N bytes
+/// holding just its data directory (free = N - the directory's size), for
+/// its disk reserve and the cold tier's watermarks. Several points are
+/// separated by commas.
 #[derive(Debug)]
 pub struct Faults {
     /// Countdown: 0 = disarmed, N = the N-th group fsync from now fails.
@@ -94,6 +97,9 @@ pub struct Faults {
     /// Free bytes the free-space probe reports instead of asking the filesystem;
     /// `FREE_BYTES_REAL` means ask the filesystem.
     pub free_bytes_override: AtomicU64,
+    /// A simulated disk of this many bytes holding only the data directory
+    /// (0: the real filesystem).
+    pub disk_bytes: AtomicU64,
 }
 
 impl Faults {
@@ -105,6 +111,7 @@ impl Faults {
             fail_sync_in: AtomicU64::new(0),
             fail_write_in: AtomicU64::new(0),
             free_bytes_override: AtomicU64::new(Self::FREE_BYTES_REAL),
+            disk_bytes: AtomicU64::new(0),
         }
     }
 
@@ -127,6 +134,7 @@ impl Faults {
             match name {
                 "journal-sync-eio" => faults.fail_sync_in.store(nth, Ordering::SeqCst),
                 "journal-write-eio" => faults.fail_write_in.store(nth, Ordering::SeqCst),
+                "disk-bytes" => faults.disk_bytes.store(nth, Ordering::SeqCst),
                 _ => {}
             }
         }
@@ -146,6 +154,20 @@ impl Faults {
             free_bytes.unwrap_or(Self::FREE_BYTES_REAL),
             Ordering::SeqCst,
         );
+    }
+
+    /// Simulates a disk of `bytes` holding only the data directory (`None`:
+    /// the real filesystem).
+    pub fn set_disk_bytes(&self, bytes: Option<u64>) {
+        self.disk_bytes.store(bytes.unwrap_or(0), Ordering::SeqCst);
+    }
+
+    /// The simulated disk size, if one is set.
+    pub fn disk_bytes(&self) -> Option<u64> {
+        match self.disk_bytes.load(Ordering::SeqCst) {
+            0 => None,
+            n => Some(n),
+        }
     }
 
     /// Counts one sync down; true when this one must fail.

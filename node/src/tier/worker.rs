@@ -66,7 +66,7 @@ async fn round(node: &Node, tier: &Arc<Tier>, state: &mut State) {
     }
     delete_dropped(tier, state).await;
     for r in &replicas {
-        if let Err(e) = evict_replica(tier, r, state).await {
+        if let Err(e) = evict_replica(node, tier, r, state).await {
             tracing::warn!(tablet = r.tablet.id, error = %e, "eviction round failed");
         }
     }
@@ -290,7 +290,12 @@ pub async fn confirm(tier: &Tier, tablet: u64, seg: &SegmentRef, local_xxh3: u64
     Ok(())
 }
 
-async fn evict_replica(tier: &Arc<Tier>, r: &Arc<Replica>, state: &mut State) -> Result<()> {
+async fn evict_replica(
+    node: &Node,
+    tier: &Arc<Tier>,
+    r: &Arc<Replica>,
+    state: &mut State,
+) -> Result<()> {
     let t = &r.tablet;
     let local: Vec<(SegmentRef, u64)> = {
         let data = t.read();
@@ -329,8 +334,8 @@ async fn evict_replica(tier: &Arc<Tier>, r: &Arc<Replica>, state: &mut State) ->
             age,
         });
     }
-    let (total, avail) = crate::fsutil::disk_usage(&t.segment_dir).map_err(|e| Error::Io {
-        context: format!("statvfs {}", t.segment_dir.display()),
+    let (total, avail) = node.disk_usage().map_err(|e| Error::Io {
+        context: format!("disk usage of {}", node.options.data_dir.display()),
         source: e,
     })?;
     let policy = Policy {
