@@ -192,6 +192,10 @@ struct Tuning {
     /// Seal a tablet's memtable at this many bytes.
     #[arg(long, default_value_t = 32 << 20)]
     memtable_bytes_max: usize,
+    /// Seal a tablet's memtable once its oldest row is this old, so a quiet
+    /// tablet's data reaches a segment (and the cold tier) in bounded time.
+    #[arg(long, default_value_t = 300)]
+    memtable_age_max_s: u64,
     /// Roll journal files at this size.
     #[arg(long, default_value_t = 64 << 20)]
     journal_file_bytes_max: u64,
@@ -328,6 +332,7 @@ impl Tuning {
     fn to_args(&self) -> Vec<String> {
         [
             ("--memtable-bytes-max", self.memtable_bytes_max.to_string()),
+            ("--memtable-age-max-s", self.memtable_age_max_s.to_string()),
             (
                 "--journal-file-bytes-max",
                 self.journal_file_bytes_max.to_string(),
@@ -368,6 +373,7 @@ fn node_options(
     o.initial_tablets = tablets;
     o.advertise = advertise;
     o.tablet.memtable_bytes_max = t.memtable_bytes_max;
+    o.tablet.memtable_age_max_us = t.memtable_age_max_s.saturating_mul(1_000_000);
     o.journal.file_bytes_max = t.journal_file_bytes_max;
     o.journal.linger = Duration::from_micros(t.linger_us);
     o.journal.reserve_bytes = t.journal_reserve_bytes;
