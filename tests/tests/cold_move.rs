@@ -1,0 +1,148 @@
+//! Moving a replica whose segments are in the bucket: the controller adds a
+//! learner on a new node, which installs the leader's snapshot and opens
+//! the snapshot's segments from the bucket; only the snapshot's state, the
+//! log after it and heartbeats cross the node transport. The test measures
+//! those bytes against the sealed bytes (issue 6).
+
+use std::time::{Duration, Instant};
+
+use stele_client::Client;
+use stele_tests::cell::{client_options, status, try_local_rows, value_counts};
+use stele_tests::controlled::{ControlledCell, voter_nodes};
+
+const NS: &str = "cold/move";
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().map(Result::unwrap) {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_replica_reads_sealed_segments_from_the_bucket() {
+    let bucket = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", bucket.path().display());
+    let mut cell = ControlledCell::new(1, 4);
+    cell.node_flags = [
+        "--object-store",
+        &url,
+        "--cell-id",
+        "mv",
+        "--hot-age-s",
+        "0",
+        "--memtable-age-max-s",
+        "1",
+    ]
+    .map(String::from)
+    .to_vec();
+    let (_ctl, _nodes) = cell.start(1);
+    let client = Client::connect_cell(&cell.controller_endpoints(), client_options())
+        .await
+        .unwrap();
+    let value = |i: u64| {
+        use rand::Rng;
+        let noise: String = rand::rng()
+            .sample_iter(rand::distr::Alphanumeric)
+            .take(4000)
+            .map(char::from)
+            .collect();
+        format!("v{i:05}-{noise}")
+    };
+    let mut acked = Vec::new();
+    for i in 0..300u64 {
+        let v = value(i);
+        let rec = stele_client::record(format!("k{}", i % 40), i, v.clone().into_bytes());
+        client.append(NS, vec![rec]).await.unwrap();
+        acked.push(v);
+    }
+    let tablet = cell.tablets().remove(0);
+    let id = tablet["id"].as_u64().unwrap().to_string();
+    let voters = voter_nodes(&tablet);
+    let leader = tablet["leader_node"].as_u64().unwrap();
+    let target = (1..=4u64).find(|n| !voters.contains(n)).unwrap();
+    let from = *voters.iter().find(|n| **n != leader).unwrap();
+    // Everything sealed (by age) and uploaded before the move.
+    let started = Instant::now();
+    loop {
+        let l = cell.node_endpoint(leader as usize);
+        let s = status(&l).await;
+        let t = Client::connect(&l, client_options())
+            .await
+            .unwrap()
+            .list_tablets()
+            .await
+            .unwrap();
+        if t.iter().all(|t| t.memtable_bytes == 0)
+            && s.segments_sealed > 0
+            && s.segments_uploaded >= s.segments_sealed
+        {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "not sealed and uploaded: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let before = status(&cell.node_endpoint(target as usize)).await;
+    let moved_at = Instant::now();
+    cell.json_retrying_busy(&[
+        "tablet",
+        "move",
+        &id,
+        "--from",
+        &from.to_string(),
+        "--to",
+        &target.to_string(),
+        "--wait",
+    ]);
+    let t_ep = cell.node_endpoint(target as usize);
+    let after = loop {
+        let s = status(&t_ep).await;
+        if let Ok(rows) = try_local_rows(&t_ep, NS).await {
+            let seen = value_counts(&rows);
+            assert!(
+                seen.values().all(|c| *c == 1),
+                "duplicates on the new replica"
+            );
+            if acked.iter().all(|v| seen.contains_key(v.as_bytes())) {
+                break s;
+            }
+        }
+        assert!(
+            moved_at.elapsed() < Duration::from_secs(60),
+            "the new replica on node {target} never held every record"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let moved = after.peer_bytes_in - before.peer_bytes_in;
+    let sealed: u64 = walk(bucket.path())
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
+    eprintln!(
+        "move of tablet {id} from node {from} to node {target}: {:?}; {moved} bytes over the transport, \
+         {} segments fetched from peers, {sealed} sealed bytes in the bucket, {} cold bytes read",
+        moved_at.elapsed(),
+        after.segments_fetched,
+        after.cold_bytes_fetched
+    );
+    assert_eq!(after.segments_fetched, 0, "segments crossed the transport");
+    assert!(
+        moved < sealed / 4,
+        "{moved} bytes crossed the transport for {sealed} sealed bytes"
+    );
+    let voters = voter_nodes(&cell.tablets().remove(0));
+    assert!(
+        voters.contains(&target) && !voters.contains(&from),
+        "{voters:?}"
+    );
+}
