@@ -1,8 +1,12 @@
-//! The cell under test: real `stele server` processes on loopback, one per
-//! node, peers over QUIC with mutual TLS, each node's stderr in the run's
-//! store. Partitions go through each node's peer filter file
-//! (`STELE_PEER_BLOCK_FILE`): this machine has no nftables, so the runner
-//! falls back to the transport filter and says so in the results.
+//! The cell under test: real `stele server` processes, one per node, peers
+//! over QUIC with mutual TLS, each node's stderr in the run's store.
+//!
+//! With network namespaces (`CellSpec::netns`, where root, iproute2 and
+//! nftables are at hand) every node runs in its own namespace behind a
+//! bridge and partitions and packet loss are nftables rules
+//! ([`crate::netns`]). Otherwise the nodes share loopback and partitions go
+//! through each node's peer filter file (`STELE_PEER_BLOCK_FILE`), and the
+//! results say so.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,7 +25,14 @@ pub struct CellSpec {
     /// Run a controller (its own process, never faulted) and let it place
     /// the tablets, instead of a static `--peers` cell.
     pub controlled: bool,
+    /// Each node in its own network namespace, faults by nftables.
+    pub netns: bool,
 }
+
+/// Client port of a node in its own namespace (peer port: + 100).
+const NS_CLIENT_PORT: u16 = 7450;
+/// The controller's port on the bridge address.
+const NS_CONTROLLER_PORT: u16 = 7440;
 
 pub struct Cell {
     pub spec: CellSpec,
@@ -30,6 +41,7 @@ pub struct Cell {
     procs: BTreeMap<usize, Child>,
     paused: Vec<usize>,
     controller: Option<Child>,
+    net: Option<crate::netns::Netns>,
 }
 
 /// A base port with `n` TCP ports and `n` UDP ports 100 above free, below
@@ -91,19 +103,33 @@ impl Cell {
                 ],
             )?;
         }
+        let net = if spec.netns {
+            Some(crate::netns::Netns::create(spec.nodes, seed)?)
+        } else {
+            None
+        };
         let mut cell = Cell {
-            base: free_base(spec.nodes as u16, seed),
+            base: if net.is_some() {
+                0
+            } else {
+                free_base(spec.nodes as u16, seed)
+            },
             spec,
             dir: dir.to_path_buf(),
             procs: BTreeMap::new(),
             paused: Vec::new(),
             controller: None,
+            net,
         };
         if cell.spec.controlled {
             let log = std::fs::File::create(cell.dir.join("controller.log"))?;
+            let listen = match &cell.net {
+                Some(net) => format!("{}:{NS_CONTROLLER_PORT}", net.gateway()),
+                None => format!("127.0.0.1:{}", cell.controller_port()),
+            };
             let child = Command::new(&cell.spec.bin)
                 .args(["server", "--roles", "controller", "--controller-id", "1"])
-                .args(["--listen", &format!("127.0.0.1:{}", cell.controller_port())])
+                .args(["--listen", &listen])
                 .arg("--data-dir")
                 .arg(cell.dir.join("controller"))
                 .args(["--lease-ms", "4000", "--repair-grace-ms", "600000"])
@@ -149,7 +175,19 @@ impl Cell {
     }
 
     pub fn controller_endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.controller_port())
+        match &self.net {
+            Some(net) => format!("http://{}:{NS_CONTROLLER_PORT}", net.gateway()),
+            None => format!("http://127.0.0.1:{}", self.controller_port()),
+        }
+    }
+
+    /// How partitions are made, for the results.
+    pub fn partition_method(&self) -> &'static str {
+        if self.net.is_some() {
+            "network namespaces behind a bridge, nftables rules"
+        } else {
+            "loopback, transport peer filter (no network namespaces or nftables here)"
+        }
     }
 
     /// Runs an operator command against the controller; its JSON output.
@@ -167,7 +205,21 @@ impl Cell {
     }
 
     pub fn endpoint(&self, n: usize) -> String {
-        format!("http://127.0.0.1:{}", self.base + n as u16 - 1)
+        format!("http://{}", self.client_addr(n))
+    }
+
+    fn client_addr(&self, n: usize) -> String {
+        match &self.net {
+            Some(net) => format!("{}:{NS_CLIENT_PORT}", net.ip(n)),
+            None => format!("127.0.0.1:{}", self.base + n as u16 - 1),
+        }
+    }
+
+    fn peer_addr(&self, n: usize) -> String {
+        match &self.net {
+            Some(net) => format!("{}:{}", net.ip(n), NS_CLIENT_PORT + 100),
+            None => format!("127.0.0.1:{}", self.base + 100 + n as u16 - 1),
+        }
     }
 
     fn block_file(&self, n: usize) -> PathBuf {
@@ -178,7 +230,7 @@ impl Cell {
         let nodes = self.spec.nodes;
         let peers: Vec<String> = (1..=nodes)
             .filter(|m| *m != n)
-            .map(|m| format!("{m}=127.0.0.1:{}", self.base + 100 + m as u16 - 1))
+            .map(|m| format!("{m}={}", self.peer_addr(m)))
             .collect();
         let endpoints: Vec<String> = (1..=nodes)
             .filter(|m| *m != n)
@@ -188,7 +240,10 @@ impl Cell {
             .create(true)
             .append(true)
             .open(self.dir.join(format!("node{n}.log")))?;
-        let mut cmd = Command::new(&self.spec.bin);
+        let mut cmd = match &self.net {
+            Some(net) => net.command(n, &self.spec.bin),
+            None => Command::new(&self.spec.bin),
+        };
         cmd.arg("server");
         if self.spec.controlled {
             cmd.args(["--controllers", &self.controller_endpoint()])
@@ -199,14 +254,8 @@ impl Cell {
                 .args(["--tablets", &self.spec.tablets.to_string()]);
         }
         cmd.args(["--node-id", &n.to_string()])
-            .args([
-                "--listen",
-                &format!("127.0.0.1:{}", self.base + n as u16 - 1),
-            ])
-            .args([
-                "--peer-listen",
-                &format!("127.0.0.1:{}", self.base + 100 + n as u16 - 1),
-            ])
+            .args(["--listen", &self.client_addr(n)])
+            .args(["--peer-listen", &self.peer_addr(n)])
             .arg("--data-dir")
             .arg(self.dir.join(format!("data{n}")))
             .arg("--certs")
@@ -269,23 +318,72 @@ impl Cell {
     /// Cuts `side` off from every other node (both directions).
     pub fn isolate(&self, side: &[usize]) -> anyhow::Result<()> {
         for n in 1..=self.spec.nodes {
-            let blocked: Vec<String> = if side.contains(&n) {
-                (1..=self.spec.nodes)
-                    .filter(|m| !side.contains(m))
-                    .map(|m| m.to_string())
-                    .collect()
+            let blocked: Vec<usize> = if side.contains(&n) {
+                (1..=self.spec.nodes).filter(|m| !side.contains(m)).collect()
             } else {
-                side.iter().map(|m| m.to_string()).collect()
+                side.to_vec()
             };
-            let tmp = self.block_file(n).with_extension("tmp");
-            std::fs::write(&tmp, blocked.join(","))?;
-            std::fs::rename(&tmp, self.block_file(n))?;
+            self.block(n, &blocked)?;
         }
+        Ok(())
+    }
+
+    /// Every node hears only its two neighbours on a ring: overlapping
+    /// majorities with five nodes; with four, each node misses the one
+    /// opposite. With three (where a ring is no cut at all), a bridge:
+    /// `via` hears both others, which do not hear each other.
+    pub fn ring(&self, via: usize) -> anyhow::Result<&'static str> {
+        let nodes = self.spec.nodes;
+        if nodes < 4 {
+            for n in 1..=nodes {
+                let blocked: Vec<usize> = if n == via {
+                    Vec::new()
+                } else {
+                    (1..=nodes).filter(|m| *m != n && *m != via).collect()
+                };
+                self.block(n, &blocked)?;
+            }
+            return Ok("bridge");
+        }
+        for n in 1..=nodes {
+            let prev = if n == 1 { nodes } else { n - 1 };
+            let next = if n == nodes { 1 } else { n + 1 };
+            let blocked: Vec<usize> = (1..=nodes)
+                .filter(|m| *m != n && *m != prev && *m != next)
+                .collect();
+            self.block(n, &blocked)?;
+        }
+        Ok("ring")
+    }
+
+    /// Node `n` drops `percent` of its packets (network namespaces only).
+    pub fn loss(&self, n: usize, percent: u32) -> anyhow::Result<bool> {
+        match &self.net {
+            Some(net) => {
+                net.loss(n, percent)?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Node `n` exchanges nothing with `peers` (replacing its earlier rule).
+    fn block(&self, n: usize, peers: &[usize]) -> anyhow::Result<()> {
+        if let Some(net) = &self.net {
+            return net.block(n, peers);
+        }
+        let blocked: Vec<String> = peers.iter().map(usize::to_string).collect();
+        let tmp = self.block_file(n).with_extension("tmp");
+        std::fs::write(&tmp, blocked.join(","))?;
+        std::fs::rename(&tmp, self.block_file(n))?;
         Ok(())
     }
 
     /// Heals every partition and pause; restarts killed nodes.
     pub fn heal(&mut self) -> anyhow::Result<()> {
+        if let Some(net) = &self.net {
+            net.heal()?;
+        }
         for n in 1..=self.spec.nodes {
             match std::fs::remove_file(self.block_file(n)) {
                 Ok(()) => {}

@@ -2,8 +2,9 @@
 //!
 //! - [`history`]: the history format (invoke/ok/fail/info events).
 //! - [`checker::list_append`]: the list-append checker.
-//! - [`cell`]: a cell of real `stele server` processes with kill, pause and
-//!   partition (through the transport's peer filter).
+//! - [`cell`]: a cell of real `stele server` processes with kill, pause,
+//!   partitions and packet loss.
+//! - [`netns`]: network namespaces behind a bridge and nftables rules.
 //! - [`run`]: one run: clients, a nemesis, heal, final reads, check, store.
 //!
 //! The `stele-jepsen` binary runs one seeded run or the CI smoke. Nothing
@@ -12,4 +13,5 @@
 pub mod cell;
 pub mod checker;
 pub mod history;
+pub mod netns;
 pub mod run;

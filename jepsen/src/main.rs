@@ -23,6 +23,11 @@ struct Cli {
     /// Where runs are written.
     #[arg(long, global = true, default_value = "jepsen/store")]
     store: PathBuf,
+    /// `netns`: every node in its own network namespace, faults by
+    /// nftables (needs root, iproute2, nftables); `loopback`: the transport
+    /// peer filter; `auto`: netns where possible.
+    #[arg(long, global = true, default_value = "auto")]
+    net: String,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -53,8 +58,8 @@ enum Cmd {
         #[arg(long)]
         controlled: bool,
     },
-    /// Short seeded runs (kill, pause, partition) and a negative control
-    /// that must be caught; prints `N passed, N failed`.
+    /// Short seeded runs (kill, pause, partitions, packet loss, churn) and
+    /// a negative control that must be caught; prints `N passed, N failed`.
     Smoke {
         #[arg(long, default_value_t = 20)]
         time_limit: u64,
@@ -85,6 +90,21 @@ fn main() -> std::process::ExitCode {
         .build()
         .expect("tokio runtime");
     let bin = cli.bin.clone().unwrap_or_else(default_bin);
+    let netns = match cli.net.as_str() {
+        "netns" => true,
+        "loopback" => false,
+        "auto" => {
+            let ok = stele_jepsen::netns::Netns::available();
+            if !ok {
+                eprintln!("note: no network namespaces or nftables here; partitions use the transport peer filter");
+            }
+            ok
+        }
+        other => {
+            eprintln!("error: --net {other:?}: want auto, netns or loopback");
+            return std::process::ExitCode::from(2);
+        }
+    };
     let result = runtime.block_on(async move {
         match cli.command {
             Cmd::Run {
@@ -118,6 +138,7 @@ fn main() -> std::process::ExitCode {
                     appends_per_key,
                     unsafe_local_reads,
                     controlled,
+                    netns,
                 };
                 let r = run(&opts).await?;
                 println!("{}", serde_json::to_string_pretty(&r)?);
@@ -136,9 +157,28 @@ fn main() -> std::process::ExitCode {
                         true,
                         15,
                     ),
+                    (
+                        "ring+loss",
+                        if netns {
+                            vec![Nemesis::PartitionRing, Nemesis::Loss]
+                        } else {
+                            vec![Nemesis::PartitionRing]
+                        },
+                        false,
+                        false,
+                        16,
+                    ),
                     // Must be caught: a deposed leader serving reads.
                     ("negative-control", vec![Nemesis::PartitionLeader], true, false, 14),
                 ];
+                println!(
+                    "smoke: faults by {}",
+                    if netns {
+                        "network namespaces and nftables"
+                    } else {
+                        "loopback and the transport peer filter (no namespaces or nftables here)"
+                    }
+                );
                 let (mut passed, mut failed) = (0, 0);
                 for (name, nemeses, unsafe_reads, controlled, seed) in cases {
                     let opts = RunOptions {
@@ -154,6 +194,7 @@ fn main() -> std::process::ExitCode {
                         appends_per_key: 60,
                         unsafe_local_reads: unsafe_reads,
                         controlled,
+                        netns,
                     };
                     let ok = match run(&opts).await {
                         // The negative control passes when the checker

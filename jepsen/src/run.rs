@@ -36,6 +36,11 @@ pub enum Nemesis {
     /// Isolates the leader of the workload's tablet (what the negative
     /// control needs to show stale reads).
     PartitionLeader,
+    /// Every node hears only its two ring neighbours (four or more
+    /// nodes); with three, one node bridges two that cannot hear each other.
+    PartitionRing,
+    /// A random node drops 30% of its packets (network namespaces only).
+    Loss,
     /// Membership churn (controlled cells): move a voter of the workload's
     /// tablet (its leader's, half the time) to the node without one, or
     /// hand its leadership to another voter.
@@ -51,6 +56,8 @@ impl std::str::FromStr for Nemesis {
             "pause" => Nemesis::Pause,
             "partition" => Nemesis::Partition,
             "partition-leader" => Nemesis::PartitionLeader,
+            "partition-ring" => Nemesis::PartitionRing,
+            "loss" => Nemesis::Loss,
             "churn" => Nemesis::Churn,
             other => return Err(format!("unknown nemesis {other:?}")),
         })
@@ -76,6 +83,9 @@ pub struct RunOptions {
     /// Four nodes placed by a controller instead of a static three-node
     /// cell (needed for `churn`).
     pub controlled: bool,
+    /// Nodes in network namespaces with nftables faults (else loopback and
+    /// the transport peer filter).
+    pub netns: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -340,6 +350,13 @@ async fn nemesis(
                 cell.isolate(&[victim])?;
                 "isolate"
             }
+            Nemesis::PartitionRing => cell.ring(victim)?,
+            Nemesis::Loss => {
+                if !cell.loss(victim, 30)? {
+                    anyhow::bail!("the loss nemesis needs network namespaces (--net netns)");
+                }
+                "loss-30%"
+            }
             Nemesis::Churn => {
                 let done = tokio::task::block_in_place(|| churn(cell, ns_lo, &mut rng));
                 log.push(NemesisEvent {
@@ -497,6 +514,7 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         election_timeout_ms: 1000,
         unsafe_local_reads: opts.unsafe_local_reads,
         controlled: opts.controlled,
+        netns: opts.netns,
     };
     let nodes = spec.nodes;
     let mut cell = Cell::start(spec, &dir, opts.seed)?;
@@ -565,7 +583,7 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         nemeses: opts.nemeses.clone(),
         unsafe_local_reads: opts.unsafe_local_reads,
         controlled: opts.controlled,
-        partition_method: "loopback, transport peer filter (no nftables on this machine)",
+        partition_method: cell.partition_method(),
         valid: report.valid(),
         report,
         faults,
