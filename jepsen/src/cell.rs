@@ -122,23 +122,7 @@ impl Cell {
             net,
         };
         if cell.spec.controlled {
-            let log = std::fs::File::create(cell.dir.join("controller.log"))?;
-            let listen = match &cell.net {
-                Some(net) => format!("{}:{NS_CONTROLLER_PORT}", net.gateway()),
-                None => format!("127.0.0.1:{}", cell.controller_port()),
-            };
-            let child = Command::new(&cell.spec.bin)
-                .args(["server", "--roles", "controller", "--controller-id", "1"])
-                .args(["--listen", &listen])
-                .arg("--data-dir")
-                .arg(cell.dir.join("controller"))
-                .args(["--lease-ms", "4000", "--repair-grace-ms", "600000"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .context("start the controller")?;
-            cell.controller = Some(child);
+            cell.start_controller()?;
         }
         for n in 1..=cell.spec.nodes {
             cell.start_node(n)?;
@@ -168,6 +152,43 @@ impl Cell {
             }
         }
         Ok(cell)
+    }
+
+    /// Starts (or restarts) the controller process; its log is appended.
+    fn start_controller(&mut self) -> anyhow::Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("controller.log"))?;
+        let listen = match &self.net {
+            Some(net) => format!("{}:{NS_CONTROLLER_PORT}", net.gateway()),
+            None => format!("127.0.0.1:{}", self.controller_port()),
+        };
+        let child = Command::new(&self.spec.bin)
+            .args(["server", "--roles", "controller", "--controller-id", "1"])
+            .args(["--listen", &listen])
+            .arg("--data-dir")
+            .arg(self.dir.join("controller"))
+            .args(["--lease-ms", "4000", "--repair-grace-ms", "600000"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("start the controller")?;
+        self.controller = Some(child);
+        Ok(())
+    }
+
+    /// SIGKILLs the controller (controlled cells); `heal` restarts it.
+    pub fn kill_controller(&mut self) -> bool {
+        match self.controller.take() {
+            Some(mut c) => {
+                let _ = c.kill();
+                let _ = c.wait();
+                true
+            }
+            None => false,
+        }
     }
 
     fn controller_port(&self) -> u16 {
@@ -319,7 +340,9 @@ impl Cell {
     pub fn isolate(&self, side: &[usize]) -> anyhow::Result<()> {
         for n in 1..=self.spec.nodes {
             let blocked: Vec<usize> = if side.contains(&n) {
-                (1..=self.spec.nodes).filter(|m| !side.contains(m)).collect()
+                (1..=self.spec.nodes)
+                    .filter(|m| !side.contains(m))
+                    .collect()
             } else {
                 side.to_vec()
             };
@@ -398,6 +421,9 @@ impl Cell {
             if !self.procs.contains_key(&n) {
                 self.start_node(n)?;
             }
+        }
+        if self.spec.controlled && self.controller.is_none() {
+            self.start_controller()?;
         }
         Ok(())
     }

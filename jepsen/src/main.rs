@@ -96,7 +96,9 @@ fn main() -> std::process::ExitCode {
         "auto" => {
             let ok = stele_jepsen::netns::Netns::available();
             if !ok {
-                eprintln!("note: no network namespaces or nftables here; partitions use the transport peer filter");
+                eprintln!(
+                    "note: no network namespaces or nftables here; partitions use the transport peer filter"
+                );
             }
             ok
         }
@@ -151,8 +153,8 @@ fn main() -> std::process::ExitCode {
                     ("pause", vec![Nemesis::Pause], false, false, 12),
                     ("partition", vec![Nemesis::Partition], false, false, 13),
                     (
-                        "churn+kill",
-                        vec![Nemesis::Churn, Nemesis::Kill],
+                        "churn+kill+kill-controller",
+                        vec![Nemesis::Churn, Nemesis::Kill, Nemesis::KillController],
                         false,
                         true,
                         15,

@@ -78,8 +78,11 @@ impl Netns {
         }
         let probe = format!("stele-probe-{}", std::process::id());
         let ok = sh("ip", &["netns", "add", &probe]).is_ok()
-            && nft(&probe, "table inet stele { chain input { type filter hook input priority 0; } }")
-                .is_ok();
+            && nft(
+                &probe,
+                "table inet stele {\n chain input { type filter hook input priority 0; }\n}\n",
+            )
+            .is_ok();
         let _ = sh("ip", &["netns", "del", &probe]);
         ok
     }
@@ -97,10 +100,11 @@ impl Netns {
         .into_owned();
         let mut subnet = None;
         for attempt in 0..250u64 {
-            let s = 1 + ((seed ^ u64::from(std::process::id()) ^ attempt)
-                .wrapping_mul(0x9e37_79b9_7f4a_7c15)
-                >> 56) as u8
-                % 250;
+            let s = 1
+                + ((seed ^ u64::from(std::process::id()) ^ attempt)
+                    .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                    >> 56) as u8
+                    % 250;
             if !used.contains(&format!("10.77.{s}.")) {
                 subnet = Some(s);
                 break;
@@ -115,21 +119,34 @@ impl Netns {
         n.created = true;
         let br = n.bridge();
         sh("ip", &["link", "add", &br, "type", "bridge"])?;
-        sh("ip", &["addr", "add", &format!("{}/24", n.gateway()), "dev", &br])?;
+        sh(
+            "ip",
+            &["addr", "add", &format!("{}/24", n.gateway()), "dev", &br],
+        )?;
         sh("ip", &["link", "set", &br, "up"])?;
         for i in 1..=nodes {
             let (ns, root_end, ns_end) = (n.ns(i), n.veth_root(i), n.veth_ns(i));
             sh("ip", &["netns", "add", &ns])?;
             sh(
                 "ip",
-                &["link", "add", &root_end, "type", "veth", "peer", "name", &ns_end],
+                &[
+                    "link", "add", &root_end, "type", "veth", "peer", "name", &ns_end,
+                ],
             )?;
             sh("ip", &["link", "set", &ns_end, "netns", &ns])?;
             sh("ip", &["link", "set", &root_end, "master", &br])?;
             sh("ip", &["link", "set", &root_end, "up"])?;
             sh(
                 "ip",
-                &["-n", &ns, "addr", "add", &format!("{}/24", n.ip(i)), "dev", &ns_end],
+                &[
+                    "-n",
+                    &ns,
+                    "addr",
+                    "add",
+                    &format!("{}/24", n.ip(i)),
+                    "dev",
+                    &ns_end,
+                ],
             )?;
             sh("ip", &["-n", &ns, "link", "set", &ns_end, "up"])?;
             sh("ip", &["-n", &ns, "link", "set", "lo", "up"])?;

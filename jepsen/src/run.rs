@@ -41,6 +41,9 @@ pub enum Nemesis {
     PartitionRing,
     /// A random node drops 30% of its packets (network namespaces only).
     Loss,
+    /// SIGKILL the controller (controlled cells); heal restarts it. Tablets
+    /// must keep serving without it.
+    KillController,
     /// Membership churn (controlled cells): move a voter of the workload's
     /// tablet (its leader's, half the time) to the node without one, or
     /// hand its leadership to another voter.
@@ -58,6 +61,7 @@ impl std::str::FromStr for Nemesis {
             "partition-leader" => Nemesis::PartitionLeader,
             "partition-ring" => Nemesis::PartitionRing,
             "loss" => Nemesis::Loss,
+            "kill-controller" => Nemesis::KillController,
             "churn" => Nemesis::Churn,
             other => return Err(format!("unknown nemesis {other:?}")),
         })
@@ -351,6 +355,12 @@ async fn nemesis(
                 "isolate"
             }
             Nemesis::PartitionRing => cell.ring(victim)?,
+            Nemesis::KillController => {
+                if !cell.kill_controller() {
+                    anyhow::bail!("kill-controller needs a controlled cell (--controlled)");
+                }
+                "kill-controller"
+            }
             Nemesis::Loss => {
                 if !cell.loss(victim, 30)? {
                     anyhow::bail!("the loss nemesis needs network namespaces (--net netns)");
