@@ -40,6 +40,8 @@ pub struct Cell {
     base: u16,
     procs: BTreeMap<usize, Child>,
     paused: Vec<usize>,
+    /// Nodes running with fail points armed (restarted clean by `heal`).
+    failing: Vec<usize>,
     controller: Option<Child>,
     net: Option<crate::netns::Netns>,
 }
@@ -118,6 +120,7 @@ impl Cell {
             dir: dir.to_path_buf(),
             procs: BTreeMap::new(),
             paused: Vec::new(),
+            failing: Vec::new(),
             controller: None,
             net,
         };
@@ -248,6 +251,20 @@ impl Cell {
     }
 
     pub fn start_node(&mut self, n: usize) -> anyhow::Result<()> {
+        self.start_node_with(n, None)
+    }
+
+    /// Restarts node `n` with `STELE_FAILPOINTS=<failpoints>` (e.g.
+    /// `journal-sync-eio=40`: its 40th group fsync fails, and the journal
+    /// must stop rather than acknowledge); `heal` restarts it without.
+    pub fn restart_with_failpoints(&mut self, n: usize, failpoints: &str) -> anyhow::Result<()> {
+        self.kill(n);
+        self.start_node_with(n, Some(failpoints))?;
+        self.failing.push(n);
+        Ok(())
+    }
+
+    fn start_node_with(&mut self, n: usize, failpoints: Option<&str>) -> anyhow::Result<()> {
         let nodes = self.spec.nodes;
         let peers: Vec<String> = (1..=nodes)
             .filter(|m| *m != n)
@@ -293,6 +310,9 @@ impl Cell {
             .stderr(log);
         if self.spec.unsafe_local_reads {
             cmd.env("STELE_UNSAFE_LOCAL_READS", "1");
+        }
+        if let Some(f) = failpoints {
+            cmd.env("STELE_FAILPOINTS", f);
         }
         let child = cmd.spawn().with_context(|| format!("start node {n}"))?;
         self.procs.insert(n, child);
@@ -416,6 +436,9 @@ impl Cell {
         }
         for n in self.paused.clone() {
             self.resume(n);
+        }
+        for n in std::mem::take(&mut self.failing) {
+            self.kill(n);
         }
         for n in 1..=self.spec.nodes {
             if !self.procs.contains_key(&n) {

@@ -149,7 +149,13 @@ fn main() -> std::process::ExitCode {
             Cmd::Smoke { time_limit } => {
                 // (name, nemeses, unsafe reads, controlled cell, seed)
                 let cases = [
-                    ("kill", vec![Nemesis::Kill], false, false, 11),
+                    (
+                        "kill+fsync-fail",
+                        vec![Nemesis::Kill, Nemesis::FsyncFail],
+                        false,
+                        false,
+                        11,
+                    ),
                     ("pause", vec![Nemesis::Pause], false, false, 12),
                     ("partition", vec![Nemesis::Partition], false, false, 13),
                     (

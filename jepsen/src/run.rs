@@ -44,6 +44,11 @@ pub enum Nemesis {
     /// SIGKILL the controller (controlled cells); heal restarts it. Tablets
     /// must keep serving without it.
     KillController,
+    /// Restart a node with a journal fsync (or write) fail point armed a
+    /// few dozen groups ahead: the journal must stop and the node refuse,
+    /// never acknowledge what did not reach the disk. Heal restarts it
+    /// clean.
+    FsyncFail,
     /// Membership churn (controlled cells): move a voter of the workload's
     /// tablet (its leader's, half the time) to the node without one, or
     /// hand its leadership to another voter.
@@ -62,6 +67,7 @@ impl std::str::FromStr for Nemesis {
             "partition-ring" => Nemesis::PartitionRing,
             "loss" => Nemesis::Loss,
             "kill-controller" => Nemesis::KillController,
+            "fsync-fail" => Nemesis::FsyncFail,
             "churn" => Nemesis::Churn,
             other => return Err(format!("unknown nemesis {other:?}")),
         })
@@ -355,6 +361,20 @@ async fn nemesis(
                 "isolate"
             }
             Nemesis::PartitionRing => cell.ring(victim)?,
+            Nemesis::FsyncFail => {
+                let point = if rng.random_bool(0.5) {
+                    "journal-sync-eio"
+                } else {
+                    "journal-write-eio"
+                };
+                let nth = rng.random_range(5..60);
+                cell.restart_with_failpoints(victim, &format!("{point}={nth}"))?;
+                if point == "journal-sync-eio" {
+                    "fsync-fail"
+                } else {
+                    "write-fail"
+                }
+            }
             Nemesis::KillController => {
                 if !cell.kill_controller() {
                     anyhow::bail!("kill-controller needs a controlled cell (--controlled)");
