@@ -27,6 +27,9 @@ pub struct CellSpec {
     pub controlled: bool,
     /// Each node in its own network namespace, faults by nftables.
     pub netns: bool,
+    /// A cold tier: a `file://` bucket shared by the nodes, segments
+    /// sealed within 2 s and evicted once uploaded.
+    pub cold: bool,
 }
 
 /// Client port of a node in its own namespace (peer port: + 100).
@@ -313,6 +316,12 @@ impl Cell {
         }
         if let Some(f) = failpoints {
             cmd.env("STELE_FAILPOINTS", f);
+        }
+        if self.spec.cold {
+            cmd.arg("--object-store")
+                .arg(format!("file://{}", self.dir.join("bucket").display()))
+                .args(["--cell-id", "jepsen", "--hot-age-s", "0"])
+                .args(["--memtable-age-max-s", "2"]);
         }
         let child = cmd.spawn().with_context(|| format!("start node {n}"))?;
         self.procs.insert(n, child);

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use stele_jepsen::run::{Nemesis, RunOptions, run};
+use stele_jepsen::run::{Nemesis, RunOptions, Workload, run};
 
 #[derive(Parser)]
 #[command(
@@ -57,6 +57,10 @@ enum Cmd {
         /// Four nodes placed by a controller (needed for `churn`).
         #[arg(long)]
         controlled: bool,
+        /// `list-append` (per-key lists, linearizable reads) or `set`
+        /// (unique inserts, one final read of the namespace, cold tier on).
+        #[arg(long, default_value = "list-append")]
+        workload: Workload,
     },
     /// Short seeded runs (kill, pause, partitions, packet loss, churn) and
     /// a negative control that must be caught; prints `N passed, N failed`.
@@ -118,9 +122,11 @@ fn main() -> std::process::ExitCode {
                 appends_per_key,
                 unsafe_local_reads,
                 controlled,
+                workload,
             } => {
                 let name = format!(
-                    "{}-seed{seed}{}",
+                    "{}{}-seed{seed}{}",
+                    if workload == Workload::Set { "set-" } else { "" },
                     nemesis
                         .iter()
                         .map(|n| format!("{n:?}").to_lowercase())
@@ -141,6 +147,7 @@ fn main() -> std::process::ExitCode {
                     unsafe_local_reads,
                     controlled,
                     netns,
+                    workload,
                 };
                 let r = run(&opts).await?;
                 println!("{}", serde_json::to_string_pretty(&r)?);
@@ -176,6 +183,9 @@ fn main() -> std::process::ExitCode {
                         false,
                         16,
                     ),
+                    // Unique inserts, read once at the end, partly from
+                    // segments evicted to the bucket.
+                    ("set", vec![Nemesis::Kill, Nemesis::Partition], false, false, 17),
                     // Must be caught: a deposed leader serving reads.
                     ("negative-control", vec![Nemesis::PartitionLeader], true, false, 14),
                 ];
@@ -203,21 +213,39 @@ fn main() -> std::process::ExitCode {
                         unsafe_local_reads: unsafe_reads,
                         controlled,
                         netns,
+                        workload: if name == "set" {
+                            Workload::Set
+                        } else {
+                            Workload::ListAppend
+                        },
                     };
                     let ok = match run(&opts).await {
                         // The negative control passes when the checker
                         // finds the stale reads it must find.
                         Ok(r) => {
                             let ok = r.valid != unsafe_reads;
-                            println!(
-                                "smoke {name}: {} ({} appends acknowledged, {} unknown, {} reads, {} faults, {} anomalies)",
-                                if ok { "pass" } else { "FAIL" },
-                                r.report.appends_acknowledged,
-                                r.report.appends_unknown,
-                                r.report.reads_acknowledged,
-                                r.faults,
-                                r.report.anomalies.len()
-                            );
+                            match &r.set_report {
+                                Some(s) => println!(
+                                    "smoke {name}: {} ({} inserts acknowledged, {} unknown, final read {} values, {} faults, {} lost, {} duplicated, {} unexpected)",
+                                    if ok { "pass" } else { "FAIL" },
+                                    s.inserts_acknowledged,
+                                    s.inserts_unknown,
+                                    s.final_size,
+                                    r.faults,
+                                    s.lost.len(),
+                                    s.duplicated.len(),
+                                    s.unexpected.len() + s.refused_but_present.len()
+                                ),
+                                None => println!(
+                                    "smoke {name}: {} ({} appends acknowledged, {} unknown, {} reads, {} faults, {} anomalies)",
+                                    if ok { "pass" } else { "FAIL" },
+                                    r.report.appends_acknowledged,
+                                    r.report.appends_unknown,
+                                    r.report.reads_acknowledged,
+                                    r.faults,
+                                    r.report.anomalies.len()
+                                ),
+                            }
                             ok
                         }
                         Err(e) => {

@@ -25,6 +25,33 @@ use crate::history::{Event, Kind, Op, pair};
 /// The namespace every key lives in: one tablet, so the faults that hit its
 /// leader hit every operation.
 pub const NAMESPACE: &str = "jepsen/la";
+/// The set workload's namespace.
+pub const SET_NAMESPACE: &str = "jepsen/set";
+
+/// What the clients do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Workload {
+    /// Append unique values to keys' lists, read whole lists (linearizable).
+    ListAppend,
+    /// Insert unique values (each its own key), read the whole namespace
+    /// once after healing, with a cold tier so that read covers segments
+    /// evicted to the bucket.
+    Set,
+}
+
+impl std::str::FromStr for Workload {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "list-append" => Ok(Workload::ListAppend),
+            "set" => Ok(Workload::Set),
+            other => Err(format!(
+                "unknown workload {other:?}: want list-append or set"
+            )),
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -96,6 +123,7 @@ pub struct RunOptions {
     /// Nodes in network namespaces with nftables faults (else loopback and
     /// the transport peer filter).
     pub netns: bool,
+    pub workload: Workload,
 }
 
 #[derive(Debug, Serialize)]
@@ -107,8 +135,15 @@ pub struct Results {
     pub controlled: bool,
     /// How partitions were made.
     pub partition_method: &'static str,
+    pub workload: Workload,
     pub valid: bool,
+    /// The list-append check (empty for the set workload).
     pub report: Report,
+    /// The set check (set workload only).
+    pub set_report: Option<crate::checker::set::SetReport>,
+    /// Segment objects in the cold tier's bucket at the end (set workload):
+    /// the final read found these evicted locally and read them there.
+    pub bucket_segments: Option<usize>,
     pub faults: usize,
     pub elapsed_s: f64,
 }
@@ -319,6 +354,85 @@ async fn client_process(
     }
 }
 
+/// One client process of the set workload: inserts unique values, each
+/// under its own key, one at a time; reads nothing until the end.
+async fn set_process(
+    p: u64,
+    seed_node: usize,
+    endpoint: Target,
+    seed: u64,
+    stop_at: Instant,
+    rec: Arc<Recorder>,
+) {
+    let mut rng = StdRng::seed_from_u64(seed ^ (p * 0x5e7));
+    let mut client: Option<Client> = None;
+    let mut next = 0u64;
+    while Instant::now() < stop_at {
+        if client.is_none() {
+            match endpoint.connect().await {
+                Ok(c) => client = Some(c),
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            }
+        }
+        let c = client.as_ref().expect("connected above");
+        next += 1;
+        let value = p * 1_000_000 + next;
+        let op = Op::Append {
+            key: "set".into(),
+            value,
+        };
+        rec.record(p, Kind::Invoke, op.clone(), seed_node as u64);
+        let r = c
+            .append(
+                SET_NAMESPACE,
+                vec![stele_client::record(
+                    format!("e{value}"),
+                    1,
+                    value.to_string().into_bytes(),
+                )],
+            )
+            .await;
+        let kind = match &r {
+            Ok(_) => Kind::Ok,
+            Err(e) => outcome_of(e),
+        };
+        rec.record(p, kind, op, seed_node as u64);
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..10))).await;
+    }
+}
+
+/// The whole set, read once (linearizable `Scan` of the namespace) after
+/// the cell recovered; much of it from segments evicted to the bucket.
+async fn final_set_read(cell: &Cell) -> anyhow::Result<Vec<u64>> {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let target = if cell.spec.controlled {
+            Target::Controller(cell.controller_endpoint())
+        } else {
+            Target::Node(cell.endpoint(1))
+        };
+        let got = async {
+            let c = target.connect().await?;
+            c.scan_all(SET_NAMESPACE, 0, 0, b"", ReadOptions::default())
+                .await
+        }
+        .await;
+        match got {
+            Ok(rows) => return Ok(values_of(&rows)),
+            Err(e) => {
+                anyhow::ensure!(
+                    Instant::now() < deadline,
+                    "the cell did not recover: final set read: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    }
+}
+
 /// Runs the nemesis until `stop_at`: one fault at a time, each held for a
 /// few election timeouts, then healed.
 async fn nemesis(
@@ -519,6 +633,24 @@ async fn final_reads(cell: &Cell, keys: &[String]) -> anyhow::Result<BTreeMap<St
     Ok(finals)
 }
 
+/// `.seg` files under `dir`.
+fn count_segments(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .filter_map(Result::ok)
+        .map(|e| {
+            let p = e.path();
+            if p.is_dir() {
+                count_segments(&p)
+            } else {
+                usize::from(p.extension().is_some_and(|x| x == "seg"))
+            }
+        })
+        .sum()
+}
+
 fn write_jsonl<T: Serialize>(path: &Path, items: &[T]) -> anyhow::Result<()> {
     let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
     for i in items {
@@ -545,6 +677,7 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         unsafe_local_reads: opts.unsafe_local_reads,
         controlled: opts.controlled,
         netns: opts.netns,
+        cold: opts.workload == Workload::Set,
     };
     let nodes = spec.nodes;
     let mut cell = Cell::start(spec, &dir, opts.seed)?;
@@ -578,15 +711,25 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         } else {
             Target::Node(cell.endpoint(seed_node))
         };
-        clients.push(tokio::spawn(client_process(
-            p,
-            seed_node,
-            target,
-            keys.clone(),
-            opts.seed,
-            stop_at,
-            rec.clone(),
-        )));
+        clients.push(match opts.workload {
+            Workload::ListAppend => tokio::spawn(client_process(
+                p,
+                seed_node,
+                target,
+                keys.clone(),
+                opts.seed,
+                stop_at,
+                rec.clone(),
+            )),
+            Workload::Set => tokio::spawn(set_process(
+                p,
+                seed_node,
+                target,
+                opts.seed,
+                stop_at,
+                rec.clone(),
+            )),
+        });
     }
     let mut log = Vec::new();
     let faults = nemesis(&mut cell, &opts.nemeses, opts.seed, stop_at, &rec, &mut log).await?;
@@ -594,19 +737,31 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         c.await.context("client process panicked")?;
     }
     cell.heal()?;
-    let finals = final_reads(&cell, &keys.used()).await?;
+    let (finals, set_final) = match opts.workload {
+        Workload::ListAppend => (final_reads(&cell, &keys.used()).await?, None),
+        Workload::Set => (BTreeMap::new(), Some(final_set_read(&cell).await?)),
+    };
     cell.stop();
     let events = rec.events.lock().expect("lock").clone();
     write_jsonl(&dir.join("history.jsonl"), &events)?;
     write_jsonl(&dir.join("nemesis.jsonl"), &log)?;
     let ops = pair(&events).map_err(|e| anyhow::anyhow!("history does not pair: {e:?}"))?;
-    let report = list_append::check(
-        &ops,
-        &finals,
-        list_append::Options {
-            linearizable_reads: true,
-        },
-    );
+    let (report, set_report) = match &set_final {
+        None => (
+            list_append::check(
+                &ops,
+                &finals,
+                list_append::Options {
+                    linearizable_reads: true,
+                },
+            ),
+            None,
+        ),
+        Some(values) => (
+            Report::default(),
+            Some(crate::checker::set::check(&ops, values)),
+        ),
+    };
     let results = Results {
         name: opts.name.clone(),
         seed: opts.seed,
@@ -614,8 +769,13 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         unsafe_local_reads: opts.unsafe_local_reads,
         controlled: opts.controlled,
         partition_method: cell.partition_method(),
-        valid: report.valid(),
+        workload: opts.workload,
+        valid: report.valid() && set_report.as_ref().is_none_or(|r| r.valid()),
+        bucket_segments: set_report
+            .as_ref()
+            .map(|_| count_segments(&dir.join("bucket"))),
         report,
+        set_report,
         faults,
         elapsed_s: started.elapsed().as_secs_f64(),
     };

@@ -2,3 +2,4 @@
 //! healing) into a report of anomalies; an empty report is a pass.
 
 pub mod list_append;
+pub mod set;
