@@ -30,7 +30,13 @@ pub struct CellSpec {
     /// A cold tier: a `file://` bucket shared by the nodes, segments
     /// sealed within 2 s and evicted once uploaded.
     pub cold: bool,
+    /// libfaketime (`libfaketimeMT.so.1`) preloaded into every node, each
+    /// reading its wall-clock offset from a file the clock nemesis writes.
+    pub faketime: Option<PathBuf>,
 }
+
+/// Where Debian's `faketime` package puts the multithreaded library.
+pub const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
 
 /// Client port of a node in its own namespace (peer port: + 100).
 const NS_CLIENT_PORT: u16 = 7450;
@@ -185,6 +191,23 @@ impl Cell {
         Ok(())
     }
 
+    fn clock_file(&self, n: usize) -> PathBuf {
+        self.dir.join(format!("clock{n}"))
+    }
+
+    /// Sets node `n`'s wall clock to `spec` (libfaketime syntax: `+90s`,
+    /// `-30s`, `+0 x2`); read by the node within a second. False without
+    /// libfaketime.
+    pub fn set_clock(&self, n: usize, spec: &str) -> anyhow::Result<bool> {
+        if self.spec.faketime.is_none() {
+            return Ok(false);
+        }
+        let tmp = self.clock_file(n).with_extension("tmp");
+        std::fs::write(&tmp, format!("{spec}\n"))?;
+        std::fs::rename(&tmp, self.clock_file(n))?;
+        Ok(true)
+    }
+
     /// SIGKILLs the controller (controlled cells); `heal` restarts it.
     pub fn kill_controller(&mut self) -> bool {
         match self.controller.take() {
@@ -317,6 +340,19 @@ impl Cell {
         if let Some(f) = failpoints {
             cmd.env("STELE_FAILPOINTS", f);
         }
+        if let Some(lib) = &self.spec.faketime {
+            // Only the wall clock moves: monotonic time (timers, Raft
+            // timeouts) is left alone, as on a real machine whose clock is
+            // stepped or slewed.
+            let file = self.clock_file(n);
+            if !file.exists() {
+                std::fs::write(&file, "+0\n")?;
+            }
+            cmd.env("LD_PRELOAD", lib)
+                .env("FAKETIME_TIMESTAMP_FILE", &file)
+                .env("FAKETIME_CACHE_DURATION", "1")
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
         if self.spec.cold {
             cmd.arg("--object-store")
                 .arg(format!("file://{}", self.dir.join("bucket").display()))
@@ -435,6 +471,9 @@ impl Cell {
     pub fn heal(&mut self) -> anyhow::Result<()> {
         if let Some(net) = &self.net {
             net.heal()?;
+        }
+        for n in 1..=self.spec.nodes {
+            self.set_clock(n, "+0")?;
         }
         for n in 1..=self.spec.nodes {
             match std::fs::remove_file(self.block_file(n)) {

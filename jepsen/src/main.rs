@@ -163,7 +163,17 @@ fn main() -> std::process::ExitCode {
                         false,
                         11,
                     ),
-                    ("pause", vec![Nemesis::Pause], false, false, 12),
+                    (
+                        if faketime { "pause+clock" } else { "pause" },
+                        if faketime {
+                            vec![Nemesis::Pause, Nemesis::Clock]
+                        } else {
+                            vec![Nemesis::Pause]
+                        },
+                        false,
+                        false,
+                        12,
+                    ),
                     ("partition", vec![Nemesis::Partition], false, false, 13),
                     (
                         "churn+kill+kill-controller",
@@ -189,6 +199,11 @@ fn main() -> std::process::ExitCode {
                     // Must be caught: a deposed leader serving reads.
                     ("negative-control", vec![Nemesis::PartitionLeader], true, false, 14),
                 ];
+                let faketime =
+                    std::path::Path::new(stele_jepsen::cell::FAKETIME_LIB).exists();
+                if !faketime {
+                    println!("smoke: no libfaketime here; the clock nemesis is left out");
+                }
                 println!(
                     "smoke: faults by {}",
                     if netns {

@@ -71,6 +71,9 @@ pub enum Nemesis {
     /// SIGKILL the controller (controlled cells); heal restarts it. Tablets
     /// must keep serving without it.
     KillController,
+    /// Step a node's wall clock forward or back by seconds to minutes, or
+    /// make it run fast (libfaketime); heal sets it right.
+    Clock,
     /// Restart a node with a journal fsync (or write) fail point armed a
     /// few dozen groups ahead: the journal must stop and the node refuse,
     /// never acknowledge what did not reach the disk. Heal restarts it
@@ -95,6 +98,7 @@ impl std::str::FromStr for Nemesis {
             "loss" => Nemesis::Loss,
             "kill-controller" => Nemesis::KillController,
             "fsync-fail" => Nemesis::FsyncFail,
+            "clock" => Nemesis::Clock,
             "churn" => Nemesis::Churn,
             other => return Err(format!("unknown nemesis {other:?}")),
         })
@@ -475,6 +479,35 @@ async fn nemesis(
                 "isolate"
             }
             Nemesis::PartitionRing => cell.ring(victim)?,
+            Nemesis::Clock => {
+                let spec = match rng.random_range(0..3) {
+                    0 => format!("+{}s", rng.random_range(5..300)),
+                    1 => format!("-{}s", rng.random_range(5..120)),
+                    _ => format!("+0 x{}", rng.random_range(2..6)),
+                };
+                if !cell.set_clock(victim, &spec)? {
+                    anyhow::bail!(
+                        "the clock nemesis needs libfaketime ({})",
+                        crate::cell::FAKETIME_LIB
+                    );
+                }
+                log.push(NemesisEvent {
+                    time_ns: rec.now(),
+                    action: format!("clock {spec}"),
+                    nodes: vec![victim],
+                });
+                faults += 1;
+                tokio::time::sleep(hold.min(stop_at.saturating_duration_since(Instant::now())))
+                    .await;
+                cell.heal()?;
+                log.push(NemesisEvent {
+                    time_ns: rec.now(),
+                    action: "heal".into(),
+                    nodes: vec![victim],
+                });
+                tokio::time::sleep(Duration::from_millis(rng.random_range(t..3 * t))).await;
+                continue;
+            }
             Nemesis::FsyncFail => {
                 let point = if rng.random_bool(0.5) {
                     "journal-sync-eio"
@@ -678,6 +711,11 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         controlled: opts.controlled,
         netns: opts.netns,
         cold: opts.workload == Workload::Set,
+        faketime: opts
+            .nemeses
+            .contains(&Nemesis::Clock)
+            .then(|| PathBuf::from(crate::cell::FAKETIME_LIB))
+            .filter(|p| p.exists()),
     };
     let nodes = spec.nodes;
     let mut cell = Cell::start(spec, &dir, opts.seed)?;
