@@ -154,6 +154,7 @@ fn main() -> std::process::ExitCode {
                 Ok::<bool, anyhow::Error>(r.valid)
             }
             Cmd::Smoke { time_limit } => {
+                let faketime = std::path::Path::new(stele_jepsen::cell::FAKETIME_LIB).exists();
                 // (name, nemeses, unsafe reads, controlled cell, seed)
                 let cases = [
                     (
@@ -199,8 +200,6 @@ fn main() -> std::process::ExitCode {
                     // Must be caught: a deposed leader serving reads.
                     ("negative-control", vec![Nemesis::PartitionLeader], true, false, 14),
                 ];
-                let faketime =
-                    std::path::Path::new(stele_jepsen::cell::FAKETIME_LIB).exists();
                 if !faketime {
                     println!("smoke: no libfaketime here; the clock nemesis is left out");
                 }
