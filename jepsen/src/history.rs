@@ -32,12 +32,35 @@ pub enum Op {
         key: String,
         values: Option<Vec<u64>>,
     },
+    /// Register workload: the key's latest value (`Get`); `value` is
+    /// `None` on the invocation and on a failed read, `Some(None)` for a
+    /// key with no record yet.
+    RegRead {
+        key: String,
+        value: Option<Option<u64>>,
+    },
+    /// Register workload: an unconditional write.
+    RegWrite {
+        key: String,
+        value: u64,
+    },
+    /// Register workload: write `to` if the key's latest value is still
+    /// `from` (a conditional append on the version the process read).
+    RegCas {
+        key: String,
+        from: Option<u64>,
+        to: u64,
+    },
 }
 
 impl Op {
     pub fn key(&self) -> &str {
         match self {
-            Op::Append { key, .. } | Op::Read { key, .. } => key,
+            Op::Append { key, .. }
+            | Op::Read { key, .. }
+            | Op::RegRead { key, .. }
+            | Op::RegWrite { key, .. }
+            | Op::RegCas { key, .. } => key,
         }
     }
 }
@@ -108,6 +131,9 @@ pub fn pair(events: &[Event]) -> Result<Vec<Completed>, PairError> {
                         a == b && x == y
                     }
                     (Op::Read { key: a, .. }, Op::Read { key: b, .. }) => a == b,
+                    (Op::RegRead { key: a, .. }, Op::RegRead { key: b, .. }) => a == b,
+                    (Op::RegWrite { .. }, Op::RegWrite { .. })
+                    | (Op::RegCas { .. }, Op::RegCas { .. }) => inv.op == e.op,
                     _ => false,
                 };
                 if !same {

@@ -57,8 +57,10 @@ enum Cmd {
         /// Four nodes placed by a controller (needed for `churn`).
         #[arg(long)]
         controlled: bool,
-        /// `list-append` (per-key lists, linearizable reads) or `set`
-        /// (unique inserts, one final read of the namespace, cold tier on).
+        /// `list-append` (per-key lists, linearizable reads), `set` (unique
+        /// inserts, one final read of the namespace, cold tier on) or
+        /// `register` (read, write, compare-and-set per key; checked for
+        /// linearizability).
         #[arg(long, default_value = "list-append")]
         workload: Workload,
     },
@@ -126,7 +128,11 @@ fn main() -> std::process::ExitCode {
             } => {
                 let name = format!(
                     "{}{}-seed{seed}{}",
-                    if workload == Workload::Set { "set-" } else { "" },
+                    match workload {
+                        Workload::Set => "set-",
+                        Workload::Register => "register-",
+                        Workload::ListAppend => "",
+                    },
                     nemesis
                         .iter()
                         .map(|n| format!("{n:?}").to_lowercase())
@@ -197,6 +203,15 @@ fn main() -> std::process::ExitCode {
                     // Unique inserts, read once at the end, partly from
                     // segments evicted to the bucket.
                     ("set", vec![Nemesis::Kill, Nemesis::Partition], false, false, 17),
+                    // Reads, writes and compare-and-set per key, checked for
+                    // linearizability.
+                    (
+                        "register",
+                        vec![Nemesis::Kill, Nemesis::PartitionLeader],
+                        false,
+                        false,
+                        18,
+                    ),
                     // Must be caught: a deposed leader serving reads.
                     ("negative-control", vec![Nemesis::PartitionLeader], true, false, 14),
                 ];
@@ -227,10 +242,10 @@ fn main() -> std::process::ExitCode {
                         unsafe_local_reads: unsafe_reads,
                         controlled,
                         netns,
-                        workload: if name == "set" {
-                            Workload::Set
-                        } else {
-                            Workload::ListAppend
+                        workload: match name {
+                            "set" => Workload::Set,
+                            "register" => Workload::Register,
+                            _ => Workload::ListAppend,
                         },
                     };
                     let ok = match run(&opts).await {
@@ -238,8 +253,20 @@ fn main() -> std::process::ExitCode {
                         // finds the stale reads it must find.
                         Ok(r) => {
                             let ok = r.valid != unsafe_reads;
-                            match &r.set_report {
-                                Some(s) => println!(
+                            match (&r.set_report, &r.register_report) {
+                                (_, Some(g)) => println!(
+                                    "smoke {name}: {} ({} reads, {} writes, {} cas ok, {} cas failed, {} unknown, {} keys, {} not linearizable, {} unchecked)",
+                                    if ok { "pass" } else { "FAIL" },
+                                    g.reads_acknowledged,
+                                    g.writes_acknowledged,
+                                    g.cas_acknowledged,
+                                    g.cas_failed,
+                                    g.unknown_outcomes,
+                                    g.keys,
+                                    g.not_linearizable.len(),
+                                    g.unknown.len()
+                                ),
+                                (Some(s), None) => println!(
                                     "smoke {name}: {} ({} inserts acknowledged, {} unknown, final read {} values, {} faults, {} lost, {} duplicated, {} unexpected)",
                                     if ok { "pass" } else { "FAIL" },
                                     s.inserts_acknowledged,
@@ -250,7 +277,7 @@ fn main() -> std::process::ExitCode {
                                     s.duplicated.len(),
                                     s.unexpected.len() + s.refused_but_present.len()
                                 ),
-                                None => println!(
+                                (None, None) => println!(
                                     "smoke {name}: {} ({} appends acknowledged, {} unknown, {} reads, {} faults, {} anomalies)",
                                     if ok { "pass" } else { "FAIL" },
                                     r.report.appends_acknowledged,

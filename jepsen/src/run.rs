@@ -27,6 +27,8 @@ use crate::history::{Event, Kind, Op, pair};
 pub const NAMESPACE: &str = "jepsen/la";
 /// The set workload's namespace.
 pub const SET_NAMESPACE: &str = "jepsen/set";
+/// The register workload's namespace.
+pub const REGISTER_NAMESPACE: &str = "jepsen/reg";
 
 /// What the clients do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -38,6 +40,10 @@ pub enum Workload {
     /// once after healing, with a cold tier so that read covers segments
     /// evicted to the bucket.
     Set,
+    /// Each key a register: `Get` reads, unconditional writes, and
+    /// compare-and-set by a conditional append on the version read; each
+    /// key's history checked for linearizability (`todc-utils`).
+    Register,
 }
 
 impl std::str::FromStr for Workload {
@@ -46,8 +52,9 @@ impl std::str::FromStr for Workload {
         match s {
             "list-append" => Ok(Workload::ListAppend),
             "set" => Ok(Workload::Set),
+            "register" => Ok(Workload::Register),
             other => Err(format!(
-                "unknown workload {other:?}: want list-append or set"
+                "unknown workload {other:?}: want list-append, set or register"
             )),
         }
     }
@@ -145,6 +152,8 @@ pub struct Results {
     pub report: Report,
     /// The set check (set workload only).
     pub set_report: Option<crate::checker::set::SetReport>,
+    /// The register check (register workload only).
+    pub register_report: Option<crate::checker::register::RegisterReport>,
     /// Segment objects in the cold tier's bucket at the end (set workload):
     /// the final read found these evicted locally and read them there.
     pub bucket_segments: Option<usize>,
@@ -353,6 +362,106 @@ async fn client_process(
                     seed_node as u64,
                 ),
             }
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..20))).await;
+    }
+}
+
+/// One client process of the register workload: reads a key's latest
+/// value (`Get`), writes it, or compare-and-sets it on the version it last
+/// read, one operation at a time.
+async fn register_process(
+    p: u64,
+    seed_node: usize,
+    endpoint: Target,
+    keys: Arc<KeySpace>,
+    seed: u64,
+    stop_at: Instant,
+    rec: Arc<Recorder>,
+) {
+    use std::collections::HashMap;
+    let mut rng = StdRng::seed_from_u64(seed ^ (p * 0x7e6));
+    let mut client: Option<Client> = None;
+    let mut next = 0u64;
+    // The value and version this process last read, by key.
+    let mut seen: HashMap<String, (Option<u64>, Option<stele_client::Position>)> = HashMap::new();
+    while Instant::now() < stop_at {
+        if client.is_none() {
+            match endpoint.connect().await {
+                Ok(c) => client = Some(c),
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            }
+        }
+        let c = client.as_ref().expect("connected above");
+        let slot = rng.random_range(0..keys.slots.len());
+        let choice = rng.random_range(0..3);
+        let read_key = keys.for_read(slot);
+        if choice == 0 || (choice == 2 && !seen.contains_key(&read_key)) {
+            let key = read_key;
+            let inv = Op::RegRead {
+                key: key.clone(),
+                value: None,
+            };
+            rec.record(p, Kind::Invoke, inv.clone(), seed_node as u64);
+            match c
+                .get(REGISTER_NAMESPACE, key.as_bytes(), ReadOptions::default())
+                .await
+            {
+                Ok(row) => {
+                    let value = row
+                        .as_ref()
+                        .and_then(|r| std::str::from_utf8(&r.value).ok()?.parse().ok());
+                    let version = row.as_ref().and_then(|r| r.position);
+                    seen.insert(key.clone(), (value, version));
+                    rec.record(
+                        p,
+                        Kind::Ok,
+                        Op::RegRead {
+                            key,
+                            value: Some(value),
+                        },
+                        seed_node as u64,
+                    );
+                }
+                Err(_) => rec.record(p, Kind::Fail, inv, seed_node as u64),
+            }
+        } else {
+            let key = keys.for_append(slot);
+            next += 1;
+            let value = p * 1_000_000 + next;
+            let record = stele_client::record(key.clone(), 1, value.to_string().into_bytes());
+            let (op, expect) = match seen.get(&key) {
+                Some((from, version)) if choice == 2 => (
+                    Op::RegCas {
+                        key: key.clone(),
+                        from: *from,
+                        to: value,
+                    },
+                    Some(stele_client::Condition {
+                        key: key.clone().into_bytes(),
+                        version: *version,
+                    }),
+                ),
+                _ => (
+                    Op::RegWrite {
+                        key: key.clone(),
+                        value,
+                    },
+                    None,
+                ),
+            };
+            rec.record(p, Kind::Invoke, op.clone(), seed_node as u64);
+            let r = c
+                .append_batch(REGISTER_NAMESPACE, vec![record], expect, None)
+                .await;
+            let kind = match &r {
+                Ok(_) => Kind::Ok,
+                Err(e) => outcome_of(e),
+            };
+            rec.record(p, kind, op, seed_node as u64);
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(0..20))).await;
     }
@@ -759,6 +868,15 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
                 stop_at,
                 rec.clone(),
             )),
+            Workload::Register => tokio::spawn(register_process(
+                p,
+                seed_node,
+                target,
+                keys.clone(),
+                opts.seed,
+                stop_at,
+                rec.clone(),
+            )),
             Workload::Set => tokio::spawn(set_process(
                 p,
                 seed_node,
@@ -778,13 +896,17 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
     let (finals, set_final) = match opts.workload {
         Workload::ListAppend => (final_reads(&cell, &keys.used()).await?, None),
         Workload::Set => (BTreeMap::new(), Some(final_set_read(&cell).await?)),
+        Workload::Register => (BTreeMap::new(), None),
     };
     cell.stop();
     let events = rec.events.lock().expect("lock").clone();
     write_jsonl(&dir.join("history.jsonl"), &events)?;
     write_jsonl(&dir.join("nemesis.jsonl"), &log)?;
     let ops = pair(&events).map_err(|e| anyhow::anyhow!("history does not pair: {e:?}"))?;
+    let register_report = (opts.workload == Workload::Register)
+        .then(|| crate::checker::register::check(&ops, Duration::from_secs(60)));
     let (report, set_report) = match &set_final {
+        None if register_report.is_some() => (Report::default(), None),
         None => (
             list_append::check(
                 &ops,
@@ -808,12 +930,15 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         controlled: opts.controlled,
         partition_method: cell.partition_method(),
         workload: opts.workload,
-        valid: report.valid() && set_report.as_ref().is_none_or(|r| r.valid()),
+        valid: report.valid()
+            && set_report.as_ref().is_none_or(|r| r.valid())
+            && register_report.as_ref().is_none_or(|r| r.valid()),
         bucket_segments: set_report
             .as_ref()
             .map(|_| count_segments(&dir.join("bucket"))),
         report,
         set_report,
+        register_report,
         faults,
         elapsed_s: started.elapsed().as_secs_f64(),
     };

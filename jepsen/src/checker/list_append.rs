@@ -128,6 +128,8 @@ pub fn check(ops: &[Completed], finals: &BTreeMap<String, Vec<u64>>, opts: Optio
                     reads.entry(key).or_default().push(c);
                 }
             }
+            // Another workload's operations.
+            Op::RegRead { .. } | Op::RegWrite { .. } | Op::RegCas { .. } => {}
         }
     }
     let empty = Vec::new();

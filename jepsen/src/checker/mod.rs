@@ -2,4 +2,5 @@
 //! healing) into a report of anomalies; an empty report is a pass.
 
 pub mod list_append;
+pub mod register;
 pub mod set;
