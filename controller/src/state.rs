@@ -497,37 +497,28 @@ impl CellState {
     }
 }
 
-pub fn to_cbor<T: Serialize>(v: &T) -> Vec<u8> {
-    let mut buf = Vec::new();
-    ciborium::into_writer(v, &mut buf).expect("CBOR into a Vec cannot fail");
-    buf
-}
+pub use stele_node::raft::quorum::{from_cbor, to_cbor};
 
-pub fn from_cbor<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, String> {
-    ciborium::from_reader(bytes).map_err(|e| e.to_string())
-}
+/// Commands, replies and snapshots as CBOR.
+impl stele_node::raft::quorum::CborState for CellState {
+    type Command = Command;
+    type Reply = Reply;
+    const VERSION: u16 = STATE_V;
 
-/// The quorum's view of the state: commands and snapshots as CBOR.
-impl stele_node::raft::quorum::QuorumState for CellState {
-    fn apply(&mut self, _index: u64, cmd: &[u8]) -> Vec<u8> {
-        let reply = match from_cbor::<Command>(cmd) {
-            Ok(cmd) => CellState::apply(self, cmd),
-            Err(e) => Reply::Refused(format!("undecodable command: {e}")),
-        };
-        to_cbor(&reply)
+    fn version(&self) -> u16 {
+        self.v
     }
 
-    fn snapshot(&self) -> Vec<u8> {
-        to_cbor(self)
+    fn apply_command(&mut self, cmd: Command) -> Reply {
+        CellState::apply(self, cmd)
     }
 
-    fn restore(&mut self, bytes: &[u8]) -> Result<(), String> {
-        let s: CellState = from_cbor(bytes)?;
-        if s.v != STATE_V {
-            return Err(format!("controller state version {} unknown", s.v));
-        }
-        *self = s;
-        Ok(())
+    fn refused(reason: String) -> Reply {
+        Reply::Refused(reason)
+    }
+
+    fn name() -> &'static str {
+        "controller"
     }
 }
 

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use stele_node::raft::quorum::{Quorum, QuorumError, QuorumService, QuorumTiming};
+use stele_node::raft::quorum::{Quorum, QuorumError, QuorumService, QuorumTiming, refuse};
 use stele_proto::pb;
 use tonic::{Request, Response, Status};
 
@@ -42,22 +42,7 @@ pub struct Directory {
 }
 
 fn quorum_status(e: QuorumError) -> Status {
-    match e {
-        QuorumError::NotLeader { leader, endpoint } => stele_proto::Error::NotLeader {
-            leader_node: leader,
-            leader_endpoint: endpoint.unwrap_or_default(),
-        }
-        .into(),
-        QuorumError::Unavailable(reason) => stele_proto::Error::Unavailable { reason }.into(),
-    }
-}
-
-fn refuse(field: &str, reason: impl ToString) -> Status {
-    stele_proto::Error::InvalidArgument {
-        field: field.into(),
-        reason: reason.to_string(),
-    }
-    .into()
+    e.into()
 }
 
 fn now_us() -> u64 {

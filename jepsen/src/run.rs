@@ -227,6 +227,21 @@ enum Target {
 }
 
 impl Target {
+    /// The client in `slot`, connecting it first if needed; `None` (after
+    /// a short pause) while the cell cannot be reached.
+    async fn connected<'a>(&self, slot: &'a mut Option<Client>) -> Option<&'a Client> {
+        if slot.is_none() {
+            match self.connect().await {
+                Ok(c) => *slot = Some(c),
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    return None;
+                }
+            }
+        }
+        slot.as_ref()
+    }
+
     async fn connect(&self) -> stele_client::Result<Client> {
         match self {
             Target::Node(ep) => Client::connect(ep, client_options()).await,
@@ -298,16 +313,9 @@ async fn client_process(
     let mut client: Option<Client> = None;
     let mut next = 0u64;
     while Instant::now() < stop_at {
-        if client.is_none() {
-            match endpoint.connect().await {
-                Ok(c) => client = Some(c),
-                Err(_) => {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                }
-            }
-        }
-        let c = client.as_ref().expect("connected above");
+        let Some(c) = endpoint.connected(&mut client).await else {
+            continue;
+        };
         let slot = rng.random_range(0..keys.slots.len());
         if rng.random_bool(0.5) {
             let key = keys.for_append(slot);
@@ -386,16 +394,9 @@ async fn register_process(
     // The value and version this process last read, by key.
     let mut seen: HashMap<String, (Option<u64>, Option<stele_client::Position>)> = HashMap::new();
     while Instant::now() < stop_at {
-        if client.is_none() {
-            match endpoint.connect().await {
-                Ok(c) => client = Some(c),
-                Err(_) => {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                }
-            }
-        }
-        let c = client.as_ref().expect("connected above");
+        let Some(c) = endpoint.connected(&mut client).await else {
+            continue;
+        };
         let slot = rng.random_range(0..keys.slots.len());
         let choice = rng.random_range(0..3);
         let read_key = keys.for_read(slot);
@@ -481,16 +482,9 @@ async fn set_process(
     let mut client: Option<Client> = None;
     let mut next = 0u64;
     while Instant::now() < stop_at {
-        if client.is_none() {
-            match endpoint.connect().await {
-                Ok(c) => client = Some(c),
-                Err(_) => {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                }
-            }
-        }
-        let c = client.as_ref().expect("connected above");
+        let Some(c) = endpoint.connected(&mut client).await else {
+            continue;
+        };
         next += 1;
         let value = p * 1_000_000 + next;
         let op = Op::Append {

@@ -1,6 +1,9 @@
 //! A node in-process, driven through its gRPC API: appends, conditions,
 //! idempotent retries, bad input, seals and restarts.
 
+mod common;
+use common::open_when_released;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -764,24 +767,4 @@ async fn replicas_come_and_go_and_ids_are_never_reused() {
     assert!(rows.iter().all(|row| row.value == b"new"));
     assert_eq!(r.node.replica(7).unwrap().replica_id, second);
     r.stop().await;
-}
-
-/// Opens a node on a data directory a just-stopped node of this process
-/// used: the old node's last references (Raft tasks winding down) can
-/// outlive its `shutdown` by a moment under load, holding the catalog's
-/// lock, so the open is retried on that one error for a few seconds.
-async fn open_when_released(opts: NodeOptions) -> Arc<Node> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        match Node::open(opts.clone()).await {
-            Ok(node) => return node,
-            Err(e)
-                if e.to_string().contains("Cannot acquire lock")
-                    && std::time::Instant::now() < deadline =>
-            {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("open node: {e}"),
-        }
-    }
 }

@@ -6,6 +6,9 @@
 //! Without the endpoint the S3 cases print a note and pass, unless
 //! `STELE_TEST_REQUIRE_S3=1` (set by `scripts/test`): then they fail.
 
+mod common;
+use common::open_when_released;
+
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -1068,24 +1071,4 @@ async fn s3_unreachable_for_minutes_fills_the_disk_to_its_reserve_and_loses_noth
     n.stop().await;
     drop(proxy);
     moto.stop();
-}
-
-/// Opens a node on a data directory a just-stopped node of this process
-/// used: the old node's last references (Raft tasks winding down) can
-/// outlive its `shutdown` by a moment under load, holding the catalog's
-/// lock, so the open is retried on that one error for a few seconds.
-async fn open_when_released(opts: NodeOptions) -> Arc<Node> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        match Node::open(opts.clone()).await {
-            Ok(node) => return node,
-            Err(e)
-                if e.to_string().contains("Cannot acquire lock")
-                    && std::time::Instant::now() < deadline =>
-            {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("open node: {e}"),
-        }
-    }
 }

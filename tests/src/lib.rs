@@ -198,3 +198,38 @@ pub fn free_port_base(n: u16) -> u16 {
     }
     panic!("no free loopback ports for a {n}-node cell");
 }
+
+/// Every file under `dir`, recursively.
+pub fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().map(Result::unwrap) {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Bytes of the segment objects (`.seg`) under a `file://` bucket.
+pub fn bucket_segment_bytes(bucket: &Path) -> u64 {
+    walk(bucket)
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum()
+}
+
+/// A unique value `v<i>-` followed by `len` random alphanumerics: hardly
+/// compressible, so bytes on the wire and in segments compare.
+pub fn noise_value(i: u64, len: usize) -> String {
+    use rand::Rng;
+    let noise: String = rand::rng()
+        .sample_iter(rand::distr::Alphanumeric)
+        .take(len)
+        .map(char::from)
+        .collect();
+    format!("v{i:05}-{noise}")
+}

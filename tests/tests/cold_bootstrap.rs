@@ -60,15 +60,7 @@ async fn stopped_follower_installs_segments_from_the_bucket() {
     // Incompressible values, so bytes on the wire and in segments compare;
     // large enough that the sealed bytes dwarf the per-batch state a
     // snapshot carries (receipts, ~100 bytes a batch).
-    let value = |i: u64| {
-        use rand::Rng;
-        let noise: String = rand::rng()
-            .sample_iter(rand::distr::Alphanumeric)
-            .take(4000)
-            .map(char::from)
-            .collect();
-        format!("v{i:05}-{noise}")
-    };
+    let value = |i: u64| stele_tests::noise_value(i, 4000);
     let mut acked = Vec::new();
     for i in 0..20u64 {
         let v = value(i);
@@ -151,11 +143,7 @@ async fn stopped_follower_installs_segments_from_the_bucket() {
     // caught up (the snapshot message, the log after it, heartbeats)
     // against the sealed bytes it needed, which came from the bucket.
     let moved = s.peer_bytes_in - in_before;
-    let sealed: u64 = walk(bucket.path())
-        .iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
-        .map(|p| std::fs::metadata(p).unwrap().len())
-        .sum();
+    let sealed = stele_tests::bucket_segment_bytes(bucket.path());
     eprintln!(
         "follower {follower} caught up in {:?}: {} snapshot(s), 0 segments over the transport; \
          {moved} bytes over the transport (unsealed tail {tail} bytes), {sealed} sealed bytes in the bucket, \
@@ -171,17 +159,4 @@ async fn stopped_follower_installs_segments_from_the_bucket() {
     for (_, p) in procs {
         p.terminate();
     }
-}
-
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap().map(Result::unwrap) {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
 }

@@ -12,19 +12,6 @@ use stele_tests::controlled::{ControlledCell, voter_nodes};
 
 const NS: &str = "cold/move";
 
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap().map(Result::unwrap) {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_moved_replica_reads_sealed_segments_from_the_bucket() {
     let bucket = tempfile::tempdir().unwrap();
@@ -46,15 +33,7 @@ async fn a_moved_replica_reads_sealed_segments_from_the_bucket() {
     let client = Client::connect_cell(&cell.controller_endpoints(), client_options())
         .await
         .unwrap();
-    let value = |i: u64| {
-        use rand::Rng;
-        let noise: String = rand::rng()
-            .sample_iter(rand::distr::Alphanumeric)
-            .take(4000)
-            .map(char::from)
-            .collect();
-        format!("v{i:05}-{noise}")
-    };
+    let value = |i: u64| stele_tests::noise_value(i, 4000);
     let mut acked = Vec::new();
     for i in 0..300u64 {
         let v = value(i);
@@ -123,11 +102,7 @@ async fn a_moved_replica_reads_sealed_segments_from_the_bucket() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     let moved = after.peer_bytes_in - before.peer_bytes_in;
-    let sealed: u64 = walk(bucket.path())
-        .iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
-        .map(|p| std::fs::metadata(p).unwrap().len())
-        .sum();
+    let sealed = stele_tests::bucket_segment_bytes(bucket.path());
     eprintln!(
         "move of tablet {id} from node {from} to node {target}: {:?}; {moved} bytes over the transport, \
          {} segments fetched from peers, {sealed} sealed bytes in the bucket, {} cold bytes read",

@@ -99,6 +99,84 @@ pub enum QuorumError {
     Unavailable(String),
 }
 
+impl From<QuorumError> for tonic::Status {
+    /// `NotLeader` with the leader's endpoint, or `Unavailable`: what a
+    /// leader-following client retries on.
+    fn from(e: QuorumError) -> tonic::Status {
+        match e {
+            QuorumError::NotLeader { leader, endpoint } => stele_proto::Error::NotLeader {
+                leader_node: leader,
+                leader_endpoint: endpoint.unwrap_or_default(),
+            }
+            .into(),
+            QuorumError::Unavailable(reason) => stele_proto::Error::Unavailable { reason }.into(),
+        }
+    }
+}
+
+/// A refused request to a quorum's API: `InvalidArgument` naming the field.
+pub fn refuse(field: &str, reason: impl ToString) -> tonic::Status {
+    stele_proto::Error::InvalidArgument {
+        field: field.into(),
+        reason: reason.to_string(),
+    }
+    .into()
+}
+
+/// CBOR of a command, reply or state.
+pub fn to_cbor<T: Serialize>(v: &T) -> Vec<u8> {
+    let mut buf = Vec::new();
+    ciborium::into_writer(v, &mut buf).expect("CBOR into a Vec cannot fail");
+    buf
+}
+
+pub fn from_cbor<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, String> {
+    ciborium::from_reader(bytes).map_err(|e| e.to_string())
+}
+
+/// A quorum state whose commands, replies and snapshots are CBOR: it only
+/// applies typed commands; [`QuorumState`] comes with it.
+pub trait CborState: Serialize + for<'de> Deserialize<'de> + Send + Sync + 'static {
+    type Command: for<'de> Deserialize<'de>;
+    type Reply: Serialize;
+    /// The snapshot format version this build reads and writes.
+    const VERSION: u16;
+    /// The version a decoded snapshot carries.
+    fn version(&self) -> u16;
+    fn apply_command(&mut self, cmd: Self::Command) -> Self::Reply;
+    /// The reply to a command that does not decode.
+    fn refused(reason: String) -> Self::Reply;
+    /// What the state is called in errors ("controller", "directory").
+    fn name() -> &'static str;
+}
+
+impl<T: CborState> QuorumState for T {
+    fn apply(&mut self, _index: u64, cmd: &[u8]) -> Vec<u8> {
+        let reply = match from_cbor::<T::Command>(cmd) {
+            Ok(cmd) => self.apply_command(cmd),
+            Err(e) => T::refused(format!("undecodable command: {e}")),
+        };
+        to_cbor(&reply)
+    }
+
+    fn snapshot(&self) -> Vec<u8> {
+        to_cbor(self)
+    }
+
+    fn restore(&mut self, bytes: &[u8]) -> Result<(), String> {
+        let s: T = from_cbor(bytes)?;
+        if s.version() != T::VERSION {
+            return Err(format!(
+                "{} state version {} unknown",
+                T::name(),
+                s.version()
+            ));
+        }
+        *self = s;
+        Ok(())
+    }
+}
+
 /// Timing of a quorum group: short, since a few groups per process cost
 /// nothing and topology changes should resume quickly after a failover.
 #[derive(Debug, Clone)]
