@@ -70,6 +70,8 @@ pub enum Nemesis {
     /// Isolates the leader of the workload's tablet (what the negative
     /// control needs to show stale reads).
     PartitionLeader,
+    /// SIGKILL the node that leads the workload's tablet.
+    KillLeader,
     /// Every node hears only its two ring neighbours (four or more
     /// nodes); with three, one node bridges two that cannot hear each other.
     PartitionRing,
@@ -101,6 +103,7 @@ impl std::str::FromStr for Nemesis {
             "pause" => Nemesis::Pause,
             "partition" => Nemesis::Partition,
             "partition-leader" => Nemesis::PartitionLeader,
+            "kill-leader" => Nemesis::KillLeader,
             "partition-ring" => Nemesis::PartitionRing,
             "loss" => Nemesis::Loss,
             "kill-controller" => Nemesis::KillController,
@@ -544,6 +547,7 @@ async fn final_set_read(cell: &Cell) -> anyhow::Result<Vec<u64>> {
 /// few election timeouts, then healed.
 async fn nemesis(
     cell: &mut Cell,
+    namespace: &str,
     nemeses: &[Nemesis],
     seed: u64,
     stop_at: Instant,
@@ -553,7 +557,8 @@ async fn nemesis(
     let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
     let nodes = cell.spec.nodes;
     let t = cell.spec.election_timeout_ms;
-    let (ns_lo, _) = stele_proto::vshard::namespace_range(NAMESPACE);
+    // The workload's tablet: what the leader-targeted faults and churn hit.
+    let (ns_lo, _) = stele_proto::vshard::namespace_range(namespace);
     let mut faults = 0;
     let active: Vec<Nemesis> = nemeses
         .iter()
@@ -564,12 +569,14 @@ async fn nemesis(
     while !active.is_empty() && Instant::now() + Duration::from_millis(3 * t) < stop_at {
         let which = active[rng.random_range(0..active.len())];
         let victim = match which {
-            Nemesis::PartitionLeader => cell.leader_of(ns_lo).await.unwrap_or(1),
+            Nemesis::PartitionLeader | Nemesis::KillLeader => {
+                cell.leader_of(ns_lo).await.unwrap_or(1)
+            }
             _ => rng.random_range(1..=nodes),
         };
         let hold = Duration::from_millis(rng.random_range(2 * t..4 * t));
         let action = match which {
-            Nemesis::Kill => {
+            Nemesis::Kill | Nemesis::KillLeader => {
                 cell.kill(victim);
                 "kill"
             }
@@ -829,7 +836,12 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
             dir.join(format!("node{n}.log")).display()
         );
     }
-    let (ns_lo, _) = stele_proto::vshard::namespace_range(NAMESPACE);
+    let namespace = match opts.workload {
+        Workload::ListAppend => NAMESPACE,
+        Workload::Set => SET_NAMESPACE,
+        Workload::Register => REGISTER_NAMESPACE,
+    };
+    let (ns_lo, _) = stele_proto::vshard::namespace_range(namespace);
     let elect = Instant::now();
     while cell.leader_of(ns_lo).await.is_none() {
         anyhow::ensure!(
@@ -882,7 +894,16 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         });
     }
     let mut log = Vec::new();
-    let faults = nemesis(&mut cell, &opts.nemeses, opts.seed, stop_at, &rec, &mut log).await?;
+    let faults = nemesis(
+        &mut cell,
+        namespace,
+        &opts.nemeses,
+        opts.seed,
+        stop_at,
+        &rec,
+        &mut log,
+    )
+    .await?;
     for c in clients {
         c.await.context("client process panicked")?;
     }
