@@ -96,6 +96,9 @@ impl Cell {
     /// Makes certificates and starts every node; returns once each answers.
     pub fn start(spec: CellSpec, dir: &Path, seed: u64) -> anyhow::Result<Cell> {
         std::fs::create_dir_all(dir)?;
+        // Absolute, so the bucket's file:// URL and every node's paths hold
+        // whatever directory a node process runs in.
+        let dir = &std::path::absolute(dir)?;
         let ca = dir.join("ca");
         run(&spec.bin, &["cert", "init", "--out", ca.to_str().unwrap()])?;
         for n in 1..=spec.nodes {
