@@ -463,7 +463,14 @@ impl Moto {
         panic!("moto did not come up on {url}");
     }
 
-    fn stop(mut self) {
+    fn stop(self) {
+        drop(self);
+    }
+}
+
+/// A test that panics still stops its server.
+impl Drop for Moto {
+    fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
