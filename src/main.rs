@@ -448,20 +448,12 @@ async fn run_server(
         None => None,
     };
     if !roles.node {
-        let server = tokio::spawn(stele_node::service::serve_with(
-            None,
+        serve_until_signal(
             routes,
             listener,
-            cancel.clone(),
-        ));
-        println!("stele {label}: controller listening on http://{addr}");
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-            r = server => { r??; }
-        }
-        cancel.cancel();
+            &format!("stele {label}: controller listening on http://{addr}"),
+        )
+        .await?;
         if let Some(c) = controller {
             c.shutdown().await;
         }
@@ -588,6 +580,23 @@ async fn run_directory(
     let routes = tonic::service::Routes::default()
         .add_service(api)
         .add_service(quorum);
+    serve_until_signal(
+        routes,
+        listener,
+        &format!("stele directory: listening on http://{addr}"),
+    )
+    .await?;
+    d.shutdown().await;
+    Ok(())
+}
+
+/// Serves `routes` (no data API) on `listener`, prints `ready`, and returns
+/// after Ctrl-C or SIGTERM (or an error of the server), the server stopped.
+async fn serve_until_signal(
+    routes: tonic::service::Routes,
+    listener: tokio::net::TcpListener,
+    ready: &str,
+) -> anyhow::Result<()> {
     let cancel = CancellationToken::new();
     let server = tokio::spawn(stele_node::service::serve_with(
         None,
@@ -595,7 +604,7 @@ async fn run_directory(
         listener,
         cancel.clone(),
     ));
-    println!("stele directory: listening on http://{addr}");
+    println!("{ready}");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
@@ -603,7 +612,6 @@ async fn run_directory(
         r = server => { r??; }
     }
     cancel.cancel();
-    d.shutdown().await;
     Ok(())
 }
 
