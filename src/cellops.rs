@@ -112,6 +112,25 @@ pub enum TabletCommand {
         #[arg(long)]
         wait: bool,
     },
+    /// Split a tablet in two on the same nodes: it keeps `[lo, at)`, a new
+    /// tablet takes `[at, hi)`. Writes pause briefly; nothing is lost or
+    /// doubled.
+    Split {
+        id: u64,
+        /// The new tablet's first vshard (default: the middle of the range).
+        #[arg(long)]
+        at: Option<u32>,
+        /// Print the plan and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Refuse unless the tablet is still at this generation.
+        #[arg(long, default_value_t = 0)]
+        expect_generation: u64,
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        wait: bool,
+    },
     /// Hand a tablet's leadership to its voter on another node.
     TransferLeader {
         id: u64,
@@ -122,6 +141,49 @@ pub enum TabletCommand {
         #[arg(long)]
         wait: bool,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum IntentCommand {
+    /// One intent's kind, state and detail.
+    Show {
+        id: u64,
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Give up an intent before its point of no return (a move before the
+    /// group's voters change, a split before the group applies it).
+    Abort {
+        id: u64,
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+pub async fn run_intent(cmd: IntentCommand) -> anyhow::Result<()> {
+    match cmd {
+        IntentCommand::Show { id, target, wait } => {
+            let a = admin(&target)?;
+            let i = a
+                .call(|mut c| async move { c.get_intent(pb::GetIntentRequest { id }).await })
+                .await?;
+            report_intent(&a, i, wait, target.json).await
+        }
+        IntentCommand::Abort { id, target } => {
+            let a = admin(&target)?;
+            let i = a
+                .call(|mut c| async move { c.abort_intent(pb::AbortIntentRequest { id }).await })
+                .await?;
+            if target.json {
+                println!("{}", intent_json(&i));
+            } else {
+                println!("intent {}: {} ({})", i.id, i.state, i.detail);
+            }
+            Ok(())
+        }
+    }
 }
 
 fn admin(t: &Target) -> anyhow::Result<Admin> {
@@ -369,6 +431,8 @@ fn intent_json(i: &pb::Intent) -> serde_json::Value {
     json!({
         "id": i.id, "kind": i.kind, "tablet": i.tablet, "from": i.from, "to": i.to,
         "state": i.state, "detail": i.detail, "done": i.done, "generation": i.generation,
+        "at": i.at, "child": i.child, "vshard_lo": i.vshard_lo, "vshard_hi": i.vshard_hi,
+        "reason": i.reason,
     })
 }
 
@@ -506,6 +570,38 @@ pub async fn run_tablet(cmd: TabletCommand) -> anyhow::Result<()> {
             let i = a
                 .call(|mut c| async move { c.move_tablet(req).await })
                 .await?;
+            report_intent(&a, i, wait, target.json).await
+        }
+        TabletCommand::Split {
+            id,
+            at,
+            dry_run,
+            expect_generation,
+            target,
+            wait,
+        } => {
+            let a = admin(&target)?;
+            let req = pb::SplitTabletRequest {
+                tablet: id,
+                at: at.unwrap_or(0),
+                dry_run,
+                expect_generation,
+            };
+            let i = a
+                .call(|mut c| async move { c.split_tablet(req).await })
+                .await?;
+            if dry_run {
+                if target.json {
+                    println!("{}", intent_json(&i));
+                } else {
+                    println!(
+                        "plan: split tablet {} [{}, {}) at {}: tablet {} keeps [{}, {}), new tablet {} takes [{}, {}) on the same nodes",
+                        i.tablet, i.vshard_lo, i.vshard_hi, i.at, i.tablet, i.vshard_lo, i.at,
+                        i.child, i.at, i.vshard_hi
+                    );
+                }
+                return Ok(());
+            }
             report_intent(&a, i, wait, target.json).await
         }
         TabletCommand::TransferLeader {

@@ -42,9 +42,12 @@ enum Command {
     /// Storage nodes of a cell: list, drain, decommission.
     #[command(subcommand, name = "node")]
     NodeCmd(cellops::NodeCommand),
-    /// Tablets of a cell: list, show, move, transfer leadership.
+    /// Tablets of a cell: list, show, move, transfer leadership, split.
     #[command(subcommand)]
     Tablet(cellops::TabletCommand),
+    /// Operator intents (moves, transfers, splits): show, abort.
+    #[command(subcommand)]
+    Intent(cellops::IntentCommand),
     /// The global directory quorum: create it, see its state.
     #[command(subcommand)]
     Directory(dirops::DirectoryCommand),
@@ -816,6 +819,7 @@ fn run() -> anyhow::Result<()> {
             Command::Cell(c) => cellops::run_cell(c).await,
             Command::NodeCmd(c) => cellops::run_node(c).await,
             Command::Tablet(c) => cellops::run_tablet(c).await,
+            Command::Intent(c) => cellops::run_intent(c).await,
             Command::Directory(c) => dirops::run_directory(c).await,
             Command::Ns(c) => dirops::run_ns(c).await,
             Command::Restore(a) => restore::run(a).await,

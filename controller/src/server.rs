@@ -194,6 +194,17 @@ impl Controller {
             .collect()
     }
 
+    /// Where a split stands in the latest reports: whether some node holds
+    /// the child, and whether some replica of the parent applied it.
+    fn split_progress(&self, tablet: u64, child: u64, generation: u64) -> (bool, bool) {
+        let h = self.health.lock().expect("lock poisoned");
+        let all = || h.reports.values().flat_map(|r| r.iter());
+        let child_seen = all().any(|r| r.tablet == child);
+        let applied = child_seen
+            || all().any(|r| r.tablet == tablet && r.range_generation >= generation);
+        (child_seen, applied)
+    }
+
     /// The replica of each tablet that leads, from the latest reports (the
     /// highest term wins).
     fn leaders(&self) -> HashMap<u64, pb::ReplicaReport> {
@@ -262,6 +273,13 @@ fn intent_pb(i: &IntentRec) -> pb::Intent {
     let (kind, from, to) = match &i.kind {
         IntentKind::Move { from, to, .. } => ("move", *from, *to),
         IntentKind::TransferLeader { to } => ("transfer-leader", 0, *to),
+        IntentKind::Split { .. } => ("split", 0, 0),
+    };
+    let (at, child, vshard_lo, vshard_hi) = match &i.kind {
+        IntentKind::Split {
+            at, child, lo, hi, ..
+        } => (*at, *child, *lo, *hi),
+        _ => (0, 0, 0, 0),
     };
     let (state, detail, done, generation) = match &i.state {
         IntentState::Pending => ("pending", String::new(), false, 0),
@@ -278,6 +296,11 @@ fn intent_pb(i: &IntentRec) -> pb::Intent {
         detail,
         done,
         generation,
+        at,
+        child,
+        vshard_lo,
+        vshard_hi,
+        reason: i.reason.clone(),
     }
 }
 
@@ -439,6 +462,28 @@ async fn schedule_once(c: &Controller) -> Result<(), Status> {
                     open -= 1;
                 }
             }
+            IntentKind::Split {
+                child, generation, ..
+            } => {
+                let (child_seen, applied) = c.split_progress(t.id, *child, *generation);
+                if child_seen {
+                    tracing::info!(intent = i.id, tablet = t.id, child, "split: child reported; publishing routes");
+                    c.propose(Command::FinishSplit { intent: i.id }).await?;
+                    open -= 1;
+                } else if !applied && age > c.opts.intent_timeout {
+                    let reason = format!(
+                        "the group did not apply the split within {:?}",
+                        c.opts.intent_timeout
+                    );
+                    tracing::warn!(intent = i.id, tablet = t.id, %reason, "split given up");
+                    c.propose(Command::FailIntent {
+                        intent: i.id,
+                        reason,
+                    })
+                    .await?;
+                    open -= 1;
+                }
+            }
             IntentKind::TransferLeader { to } => {
                 if report.is_some_and(|r| r.replica_id == t.leader_replica) {
                     c.propose(Command::FinishTransfer { intent: i.id }).await?;
@@ -452,6 +497,22 @@ async fn schedule_once(c: &Controller) -> Result<(), Status> {
                     open -= 1;
                 }
             }
+        }
+    }
+    // A split given up (timeout, abort) whose group applied it after all:
+    // its child exists, so the split completes.
+    for i in s.intents.values() {
+        if let (
+            IntentState::Failed { .. },
+            IntentKind::Split {
+                child, generation, ..
+            },
+        ) = (&i.state, &i.kind)
+            && !s.tablets.contains_key(child)
+            && c.split_progress(i.tablet, *child, *generation).0
+        {
+            tracing::warn!(intent = i.id, child, "a given-up split was applied; completing it");
+            c.propose(Command::FinishSplit { intent: i.id }).await?;
         }
     }
     // Retired replicas a live node no longer reports are gone.
@@ -658,6 +719,31 @@ impl pb::controller_server::Controller for Api {
             let Some(r) = s.replica_on(t, node) else {
                 continue;
             };
+            let split = s
+                .intents
+                .get(&t.intent)
+                .filter(|i| i.state == IntentState::Pending)
+                .and_then(|i| match &i.kind {
+                    IntentKind::Split {
+                        at,
+                        child,
+                        child_replicas,
+                        generation,
+                        ..
+                    } => Some(pb::SplitOrder {
+                        at: *at,
+                        child: *child,
+                        child_replicas: child_replicas
+                            .iter()
+                            .map(|r| pb::ReplicaRef {
+                                replica_id: r.replica_id,
+                                node: r.node,
+                            })
+                            .collect(),
+                        generation: *generation,
+                    }),
+                    _ => None,
+                });
             assignments.push(pb::Assignment {
                 tablet: t.id,
                 replica_id: r.replica_id,
@@ -674,6 +760,7 @@ impl pb::controller_server::Controller for Api {
                     .collect(),
                 initialize: t.initializer == Some(r.replica_id),
                 leader_replica: t.leader_replica,
+                split,
             });
         }
         let retire = s
@@ -996,6 +1083,91 @@ impl pb::controller_server::Controller for Api {
             })
             .await?;
         intent_reply(c, reply)
+    }
+
+    async fn split_tablet(
+        &self,
+        request: Request<pb::SplitTabletRequest>,
+    ) -> Result<Response<pb::Intent>, Status> {
+        let c = &self.0;
+        c.require_leader()?;
+        let req = request.into_inner();
+        let s = c.snapshot();
+        if let Some(why) = s.split_refusal(req.tablet, req.expect_generation) {
+            return Err(refuse("tablet", why));
+        }
+        let t = &s.tablets[&req.tablet];
+        let at = CellState::split_point(t, req.at).map_err(|e| refuse("at", e))?;
+        if req.dry_run {
+            // The plan as StartSplit would record it, recorded nowhere.
+            let mut plan = s.clone();
+            let reply = plan.apply(Command::StartSplit {
+                tablet: req.tablet,
+                at,
+                reason: "operator (dry run)".into(),
+                expect_generation: req.expect_generation,
+            });
+            return match reply {
+                Reply::Intent(id) => {
+                    let mut i = intent_pb(&plan.intents[&id]);
+                    i.id = 0;
+                    i.state = "plan".into();
+                    Ok(Response::new(i))
+                }
+                Reply::Refused(r) => Err(refuse("tablet", r)),
+                Reply::Ok => Err(Status::internal("no plan")),
+            };
+        }
+        let reply = c
+            .propose(Command::StartSplit {
+                tablet: req.tablet,
+                at,
+                reason: "operator".into(),
+                expect_generation: req.expect_generation,
+            })
+            .await?;
+        intent_reply(c, reply)
+    }
+
+    async fn abort_intent(
+        &self,
+        request: Request<pb::AbortIntentRequest>,
+    ) -> Result<Response<pb::Intent>, Status> {
+        let c = &self.0;
+        c.require_leader()?;
+        let id = request.into_inner().id;
+        let s = c.snapshot();
+        let Some(i) = s.intents.get(&id) else {
+            return Err(refuse("id", format!("no intent {id}")));
+        };
+        if i.state != IntentState::Pending {
+            return Err(refuse("id", format!("intent {id} has finished")));
+        }
+        let past = match &i.kind {
+            IntentKind::Split {
+                child, generation, ..
+            } => c.split_progress(i.tablet, *child, *generation).1,
+            IntentKind::Move { new_replica, .. } => c
+                .leaders()
+                .get(&i.tablet)
+                .is_some_and(|r| r.voters.contains(new_replica) || r.joint),
+            IntentKind::TransferLeader { .. } => false,
+        };
+        if past {
+            return Err(refuse(
+                "id",
+                format!("intent {id} is past its point of no return; it completes"),
+            ));
+        }
+        c.propose(Command::FailIntent {
+            intent: id,
+            reason: "aborted by the operator".into(),
+        })
+        .await?;
+        match c.quorum.state().intents.get(&id) {
+            Some(i) => Ok(Response::new(intent_pb(i))),
+            None => Err(Status::internal("intent vanished")),
+        }
     }
 
     async fn get_intent(

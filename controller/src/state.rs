@@ -100,6 +100,18 @@ pub enum IntentKind {
     TransferLeader {
         to: u64,
     },
+    /// The tablet keeps `[lo, at)`; `child` takes `[at, hi)` with one
+    /// replica per node of the tablet's voters. Both take range generation
+    /// `generation` (allocated when the intent opened).
+    Split {
+        at: u32,
+        child: u64,
+        child_replicas: Vec<ReplicaRec>,
+        generation: u64,
+        /// The range when the intent opened.
+        lo: u32,
+        hi: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -131,6 +143,10 @@ pub struct CellState {
     pub next_replica_seq: u64,
     pub next_intent: u64,
     pub route_generation: u64,
+    /// The next tablet id: ids are never reused (0 in states from before
+    /// splits: then one past the largest).
+    #[serde(default)]
+    pub next_tablet: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -159,6 +175,18 @@ pub enum Command {
     },
     /// The group's membership matches the desired voters.
     FinishMove {
+        intent: u64,
+    },
+    /// Opens a split of `tablet` at vshard `at` (0: the middle).
+    StartSplit {
+        tablet: u64,
+        at: u32,
+        reason: String,
+        expect_generation: u64,
+    },
+    /// A node reported the split's child: the route map takes both halves.
+    /// Also finishes a split given up after its group applied it anyway.
+    FinishSplit {
         intent: u64,
     },
     FailIntent {
@@ -211,6 +239,54 @@ impl CellState {
             replica_id: (seq << NODE_BITS) | node,
             node,
         }
+    }
+
+    /// Where a split of `t` at `at` (0: the middle) would cut, or why not.
+    pub fn split_point(t: &TabletRec, at: u32) -> Result<u32, String> {
+        let at = if at == 0 {
+            ((u64::from(t.lo) + t.hi) / 2) as u32
+        } else {
+            at
+        };
+        if at <= t.lo || u64::from(at) >= t.hi {
+            return Err(format!(
+                "vshard {at} is not strictly inside tablet {}'s range [{}, {})",
+                t.id, t.lo, t.hi
+            ));
+        }
+        Ok(at)
+    }
+
+    /// Why `tablet` cannot split now, if it cannot.
+    pub fn split_refusal(&self, tablet: u64, expect_generation: u64) -> Option<String> {
+        let Some(t) = self.tablets.get(&tablet) else {
+            return Some(format!("unknown tablet {tablet}"));
+        };
+        if expect_generation != 0 && t.generation != expect_generation {
+            return Some(format!(
+                "tablet {tablet} is at generation {}, not {expect_generation}",
+                t.generation
+            ));
+        }
+        if t.intent != 0 {
+            return Some(format!(
+                "tablet {tablet} is busy with intent {} (a move, transfer or split)",
+                t.intent
+            ));
+        }
+        if t.leaving.is_some() {
+            return Some(format!("tablet {tablet} is mid-move"));
+        }
+        if t.voters.is_empty() || t.initializer.is_some() {
+            return Some(format!("tablet {tablet} has not started yet"));
+        }
+        None
+    }
+
+    /// The id the next new tablet takes.
+    pub fn next_tablet_id(&self) -> u64 {
+        let past = self.tablets.keys().next_back().map_or(1, |id| id + 1);
+        self.next_tablet.max(past)
     }
 
     /// Records a pending intent on `tablet` and marks the tablet busy.
@@ -406,6 +482,94 @@ impl CellState {
                 }
                 t.intent = 0;
                 t.generation = generation;
+                let i = self.intents.get_mut(&intent).expect("checked above");
+                i.state = IntentState::Done { generation };
+                self.trim_intents();
+                Reply::Ok
+            }
+            Command::StartSplit {
+                tablet,
+                at,
+                reason,
+                expect_generation,
+            } => {
+                if let Some(why) = self.split_refusal(tablet, expect_generation) {
+                    return Reply::Refused(why);
+                }
+                let t = self.tablets.get(&tablet).expect("checked by split_refusal");
+                let at = match Self::split_point(t, at) {
+                    Ok(at) => at,
+                    Err(why) => return Reply::Refused(why),
+                };
+                let (lo, hi) = (t.lo, t.hi);
+                let nodes: Vec<u64> = t.voters.iter().map(|r| r.node).collect();
+                let child = self.next_tablet_id();
+                self.next_tablet = child + 1;
+                let child_replicas = nodes.iter().map(|n| self.new_replica(*n)).collect();
+                let generation = self.bump();
+                let kind = IntentKind::Split {
+                    at,
+                    child,
+                    child_replicas,
+                    generation,
+                    lo,
+                    hi,
+                };
+                self.open_intent(tablet, kind, reason)
+            }
+            Command::FinishSplit { intent } => {
+                let Some(i) = self.intents.get(&intent) else {
+                    return Reply::Refused(format!("unknown intent {intent}"));
+                };
+                let IntentKind::Split {
+                    at,
+                    child,
+                    child_replicas,
+                    generation: range_generation,
+                    ..
+                } = i.kind.clone()
+                else {
+                    return Reply::Refused(format!("intent {intent} is not a split"));
+                };
+                if matches!(i.state, IntentState::Done { .. }) || self.tablets.contains_key(&child)
+                {
+                    return Reply::Ok;
+                }
+                let tablet = i.tablet;
+                let Some(parent) = self.tablets.get(&tablet) else {
+                    return Reply::Refused(format!("tablet {tablet} is gone"));
+                };
+                if u64::from(at) >= parent.hi || at <= parent.lo {
+                    return Reply::Refused(format!(
+                        "tablet {tablet}'s range [{}, {}) no longer holds {at}",
+                        parent.lo, parent.hi
+                    ));
+                }
+                let hi = parent.hi;
+                let generation = self.bump();
+                let parent = self.tablets.get_mut(&tablet).expect("checked above");
+                parent.hi = u64::from(at);
+                parent.generation = generation;
+                parent.range_generation = range_generation;
+                if parent.intent == intent {
+                    parent.intent = 0;
+                }
+                self.tablets.insert(
+                    child,
+                    TabletRec {
+                        id: child,
+                        lo: at,
+                        hi,
+                        generation,
+                        range_generation,
+                        voters: child_replicas,
+                        leaving: None,
+                        initializer: None,
+                        leader_replica: 0,
+                        intent: 0,
+                    },
+                );
+                self.next_tablet = self.next_tablet.max(child + 1);
                 let i = self.intents.get_mut(&intent).expect("checked above");
                 i.state = IntentState::Done { generation };
                 self.trim_intents();

@@ -245,6 +245,9 @@ impl Agent {
             if !replica.is_leader() {
                 continue;
             }
+            if let Some(order) = &a.split {
+                self.propose_split(&replica, order);
+            }
             let desired: BTreeSet<u64> = voters.iter().copied().collect();
             let v = membership::view(&replica.raft);
             let leader_ok = a.leader_replica == 0 || a.leader_replica == replica.replica_id;
@@ -309,6 +312,51 @@ impl Agent {
                 }
             }
         }
+    }
+}
+
+impl Agent {
+    /// Proposes the split the controller ordered, unless this group has
+    /// applied it (its range no longer reaches past `at`) or a proposal is
+    /// in flight. The child's replica on this node (the leader's) comes
+    /// first, so it is the one that creates the child group at once.
+    fn propose_split(&self, replica: &Arc<crate::node::Replica>, order: &pb::SplitOrder) {
+        let (lo, hi) = replica.tablet.range();
+        if order.at <= lo || u64::from(order.at) >= hi {
+            return;
+        }
+        let tablet = replica.tablet.id;
+        if !self.busy.lock().expect("lock poisoned").insert(tablet) {
+            return;
+        }
+        let me = self.node.options.node_id;
+        let mut child_replicas: Vec<u64> = order
+            .child_replicas
+            .iter()
+            .filter(|r| r.node == me)
+            .map(|r| r.replica_id)
+            .collect();
+        child_replicas.extend(
+            order
+                .child_replicas
+                .iter()
+                .filter(|r| r.node != me)
+                .map(|r| r.replica_id),
+        );
+        let cmd = stele_proto::command::TabletCommand::Split {
+            at: order.at,
+            child: order.child,
+            child_replicas,
+            generation: order.generation,
+        };
+        let (replica, busy) = (replica.clone(), self.busy.clone());
+        tokio::spawn(async move {
+            match replica.raft.client_write(cmd).await {
+                Ok(_) => tracing::info!(tablet, "split proposed and applied"),
+                Err(e) => tracing::warn!(tablet, error = %e, "split proposal failed; retried on the next heartbeat"),
+            }
+            busy.lock().expect("lock poisoned").remove(&tablet);
+        });
     }
 }
 

@@ -49,6 +49,23 @@ pub struct SegmentRef {
     /// cold copy encode exactly as before (docs/FORMAT.md, catalog).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cold: Option<ColdCopy>,
+    /// The tablet that sealed the segment, when not the one whose record
+    /// names it: a split child shares its parent's segments, whose objects
+    /// stay under the parent's key. 0 (omitted): this tablet.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub origin: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+impl SegmentRef {
+    /// The tablet whose object key holds the segment, for a segment named
+    /// by `tablet`'s record.
+    pub fn owner(&self, tablet: u64) -> u64 {
+        if self.origin == 0 { tablet } else { self.origin }
+    }
 }
 
 /// What `Uploaded` recorded about a segment's object: enough for a replica
@@ -78,6 +95,11 @@ pub struct TabletRecord {
     pub segments: Vec<SegmentRef>,
     /// This replica's Raft member id: unique in the cell, never reused.
     pub replica_id: u64,
+    /// A split child's voters: every one of them creates the group with
+    /// exactly these (the same on each, as openraft allows), also after a
+    /// crash before it did. Empty for every other tablet.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub init_voters: Vec<u64>,
 }
 
 /// A receipt row, keyed by (tablet, receipt key).
@@ -192,8 +214,23 @@ impl Catalog {
         add_receipts: &[ReceiptRow],
         drop_receipts: &[Vec<u8>],
     ) -> Result<()> {
+        self.publish_split(record, add_receipts, drop_receipts, None)
+            .map(|_| ())
+    }
+
+    /// [`Catalog::publish`], and in the same transaction a split child's
+    /// record and receipts, unless the catalog holds that tablet already.
+    /// Returns whether the child was created.
+    pub fn publish_split(
+        &self,
+        record: &TabletRecord,
+        add_receipts: &[ReceiptRow],
+        drop_receipts: &[Vec<u8>],
+        child: Option<(&TabletRecord, &[ReceiptRow])>,
+    ) -> Result<bool> {
         let err = self.err();
         let txn = self.db.begin_write().map_err(|e| err(e.into()))?;
+        let mut created = false;
         {
             let mut tablets = txn.open_table(TABLETS).map_err(|e| err(e.into()))?;
             tablets
@@ -210,8 +247,26 @@ impl Catalog {
                     .insert((record.id, row.key.as_slice()), row.value.as_slice())
                     .map_err(|e| err(e.into()))?;
             }
+            if let Some((child, rows)) = child {
+                let exists = tablets
+                    .get(child.id)
+                    .map_err(|e| err(e.into()))?
+                    .is_some();
+                if !exists {
+                    tablets
+                        .insert(child.id, to_cbor(child).as_slice())
+                        .map_err(|e| err(e.into()))?;
+                    for row in rows {
+                        receipts
+                            .insert((child.id, row.key.as_slice()), row.value.as_slice())
+                            .map_err(|e| err(e.into()))?;
+                    }
+                    created = true;
+                }
+            }
         }
-        txn.commit().map_err(|e| err(e.into()))
+        txn.commit().map_err(|e| err(e.into()))?;
+        Ok(created)
     }
 
     /// The receipts of one tablet.

@@ -407,7 +407,9 @@ impl Node {
             // Exactly one replica initializes a new group: the one on the
             // lowest node id of the cell (static cells; the controller
             // names the initializer of its tablets).
-            if fresh && !options.controlled && options.node_id == first_node {
+            if !record.init_voters.is_empty() {
+                initialize_split_child(&raft, record).await?;
+            } else if fresh && !options.controlled && options.node_id == first_node {
                 let members: BTreeMap<u64, BasicNode> = options
                     .cell_nodes
                     .iter()
@@ -550,6 +552,13 @@ impl Node {
                 self.options.node_id
             )));
         }
+        // A split on this node made the replica already (its record names
+        // the parent's segments): open that one, never an empty one over it.
+        if let Some(record) = self.catalog.tablet(spec.tablet)?
+            && record.replica_id == spec.replica_id
+        {
+            return self.open_created(record).await;
+        }
         let record = TabletRecord {
             v: 1,
             id: spec.tablet,
@@ -560,6 +569,7 @@ impl Node {
             applied_state: Vec::new(),
             segments: Vec::new(),
             replica_id: spec.replica_id,
+            init_voters: Vec::new(),
         };
         let dir = self
             .options
@@ -607,6 +617,50 @@ impl Node {
             initialize = initialize.is_some(),
             "replica created"
         );
+        Ok(replica)
+    }
+
+    /// Opens the child replica a split created in the catalog on this node
+    /// (nothing if it is open already).
+    pub(crate) async fn open_split_child(&self, record: TabletRecord) -> Result<()> {
+        let _guard = self.lifecycle.lock().await;
+        if self.replica(record.id).is_some() {
+            return Ok(());
+        }
+        self.open_created(record).await.map(|_| ())
+    }
+
+    /// Opens a replica whose catalog record exists but that has no journal
+    /// frames yet (a split child), creating its group with the record's
+    /// `init_voters`. Called with the lifecycle lock held.
+    async fn open_created(&self, record: TabletRecord) -> Result<Arc<Replica>> {
+        let dir = self
+            .options
+            .data_dir
+            .join("segments")
+            .join(record.id.to_string());
+        let tablet = Tablet::open_tiered(
+            &record,
+            dir,
+            self.catalog.clone(),
+            self.options.tablet.clone(),
+            self.options.tier.clone(),
+        )?;
+        let log = LogStore::create(record.id, self.journal.clone(), self.catalog.clone()).await?;
+        let sm = StateMachine::new(tablet.clone(), self.seal_tx.clone());
+        let raft = (self.raft_factory)(record.id, record.replica_id, log.clone(), sm).await?;
+        initialize_split_child(&raft, &record).await?;
+        let replica = Arc::new(Replica {
+            tablet,
+            raft,
+            replica_id: record.replica_id,
+            log,
+            contact: Default::default(),
+        });
+        self.replicas
+            .write()
+            .expect("lock poisoned")
+            .insert(record.id, replica.clone());
         Ok(replica)
     }
 
@@ -869,6 +923,59 @@ impl Peers for NoTransport {
     }
 }
 
+/// Creates a split child's group with the voters the split named. The
+/// first of them (the parent leader's node, which proposed the split)
+/// does so at once and campaigns; the others wait to hear from it and,
+/// only if they have not after [`SPLIT_CHILD_INIT_WAIT`], create the
+/// group themselves with the same voters (openraft allows identical
+/// configurations on several nodes), so a child never waits on one node.
+async fn initialize_split_child(raft: &TabletRaft, record: &TabletRecord) -> Result<()> {
+    if record.init_voters.first() != Some(&record.replica_id) && !record.init_voters.is_empty() {
+        let (raft, record) = (raft.clone(), record.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(SPLIT_CHILD_INIT_WAIT).await;
+            if let Err(e) = initialize_split_child_now(&raft, &record).await {
+                tracing::warn!(tablet = record.id, error = %e, "split child not initialized");
+            }
+        });
+        return Ok(());
+    }
+    initialize_split_child_now(raft, record).await
+}
+
+/// How long a split child's replica other than the first waits for the
+/// first to create the group.
+const SPLIT_CHILD_INIT_WAIT: Duration = Duration::from_secs(5);
+
+async fn initialize_split_child_now(raft: &TabletRaft, record: &TabletRecord) -> Result<()> {
+    if record.init_voters.is_empty()
+        || raft
+            .is_initialized()
+            .await
+            .map_err(|e| Error::Config(format!("tablet {} raft: {e}", record.id)))?
+    {
+        return Ok(());
+    }
+    let members: BTreeMap<u64, BasicNode> = record
+        .init_voters
+        .iter()
+        .map(|r| (*r, BasicNode::default()))
+        .collect();
+    match raft.initialize(members).await {
+        Ok(()) => {}
+        // Another path initialized it in the meantime: fine.
+        Err(openraft::error::RaftError::APIError(_)) => {}
+        Err(e) => {
+            return Err(Error::Config(format!(
+                "initialize split child {}: {e}",
+                record.id
+            )));
+        }
+    }
+    let _ = raft.trigger().elect(true).await;
+    Ok(())
+}
+
 /// Creates the tablets of a new cell on this node: `n` even vshard ranges.
 fn bootstrap(catalog: &Catalog, n: u32, node_id: u64) -> Result<Vec<TabletRecord>> {
     let mut out = Vec::new();
@@ -884,6 +991,7 @@ fn bootstrap(catalog: &Catalog, n: u32, node_id: u64) -> Result<Vec<TabletRecord
             applied_state: Vec::new(),
             segments: Vec::new(),
             replica_id: router::replica_id(id, node_id),
+            init_voters: Vec::new(),
         };
         catalog.put_tablet(&record)?;
         out.push(record);
@@ -905,7 +1013,15 @@ async fn seal_worker(node: Arc<Node>, mut rx: mpsc::UnboundedReceiver<(Arc<Table
         let t = tablet.clone();
         let result = tokio::task::spawn_blocking(move || seal::run_seal(&t, seal_index)).await;
         match result {
-            Ok(Ok(Some(checkpoint))) => {
+            Ok(Ok(Some(done))) => {
+                let checkpoint = done.checkpoint;
+                if let Some(child) = done.child {
+                    let (id, parent) = (child.id, tablet.id);
+                    match node.open_split_child(child).await {
+                        Ok(()) => tracing::info!(tablet = parent, child = id, "split: child replica opened"),
+                        Err(e) => tracing::error!(tablet = parent, child = id, error = %e, "split: child replica not opened; it opens at the next start"),
+                    }
+                }
                 if let Some(r) = node.replica(tablet.id) {
                     let cancel = node.cancel.clone();
                     let task = tokio::spawn(async move {

@@ -78,8 +78,8 @@ pub fn descriptor(node: &Node, r: &Replica) -> pb::TabletDescriptor {
     let leader_node = metrics.current_leader.map(node_of);
     pb::TabletDescriptor {
         id: r.tablet.id,
-        vshard_lo: r.tablet.vshard_lo,
-        vshard_hi: r.tablet.vshard_hi,
+        vshard_lo: r.tablet.range().0,
+        vshard_hi: r.tablet.range().1,
         generation: r.tablet.generation(),
         leader_node: leader_node.unwrap_or(0),
         leader_endpoint: leader_node.map(|n| node.endpoint_of(n)).unwrap_or_default(),
@@ -105,14 +105,10 @@ fn ts_to_of(ts_to: u64) -> u64 {
 
 fn row_to_pb(tablet: u64, row: Row) -> pb::Row {
     pb::Row {
+        position: Some(crate::tablet::pos_of(tablet, &row).into()),
         key: row.key,
         ts: row.ts,
         value: row.value,
-        position: Some(pb::Position {
-            tablet,
-            index: row.index,
-            slot: row.slot,
-        }),
     }
 }
 
@@ -467,9 +463,26 @@ impl DataService {
             .node
             .replicas()
             .into_iter()
-            .filter(|r| u64::from(r.tablet.vshard_lo) < hi && r.tablet.vshard_hi > u64::from(lo))
+            .filter(|r| {
+                let (tlo, thi) = r.tablet.range();
+                u64::from(tlo) < hi && thi > u64::from(lo)
+            })
             .collect();
         let partial = req.read.as_ref().is_some_and(|r| r.partial);
+        // The local replicas must cover the whole namespace: between a
+        // split and the opening of its child here, half of it is nowhere,
+        // and a scan must not pass that off as empty.
+        let mut ranges: Vec<(u32, u64)> = covering.iter().map(|r| r.tablet.range()).collect();
+        ranges.sort_unstable();
+        let mut reached = u64::from(lo);
+        for (tlo, thi) in ranges {
+            if u64::from(tlo) <= reached {
+                reached = reached.max(thi);
+            }
+        }
+        if reached < hi && !partial {
+            return Err(ApiError::Incomplete { missing: vec![] });
+        }
         let mut missing = Vec::new();
         let mut all: Vec<(u64, Row)> = Vec::new();
         let mut watermark = u64::MAX;

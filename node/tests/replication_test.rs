@@ -185,9 +185,11 @@ async fn three_replicas_agree_on_segments_and_survive_a_cut_leader() {
         for _ in 0..200 {
             rows = {
                 let replica = n.replica(tablet).unwrap();
-                let data = replica.tablet.read();
-                data.scan_key("rep/ns", key.as_bytes(), 0, u64::MAX, None, 1000)
+                replica
+                    .tablet
+                    .scan_key_unlocked("rep/ns", key.as_bytes(), 0, u64::MAX, None, 1000)
                     .unwrap()
+                    .0
                     .len()
             };
             if rows == 150 {

@@ -105,6 +105,21 @@ pub enum TabletCommand {
     DropSegment {
         segment: String,
     },
+    /// Splits the tablet at vshard `at`: it keeps `[lo, at)`, and tablet
+    /// `child` takes `[at, hi)` on the same nodes, as its own Raft group
+    /// with voters `child_replicas` (one per node, by replica id). Applying
+    /// it seals the memtable as `Seal` does; with that seal's publish, each
+    /// replica creates its child replica from the sealed segments (shared,
+    /// by hard link) and the receipts that touch `[at, hi)`. Both tablets
+    /// take range generation `generation`. A `Split` whose `at` is not
+    /// strictly inside the range (already applied, or stale) changes
+    /// nothing.
+    Split {
+        at: u32,
+        child: u64,
+        child_replicas: Vec<u64>,
+        generation: u64,
+    },
 }
 
 /// The result of applying a [`TabletCommand`].
@@ -143,6 +158,7 @@ impl std::fmt::Display for TabletCommand {
             TabletCommand::Seal { reason } => write!(f, "Seal({reason:?})"),
             TabletCommand::Uploaded { segment, .. } => write!(f, "Uploaded({segment})"),
             TabletCommand::DropSegment { segment } => write!(f, "DropSegment({segment})"),
+            TabletCommand::Split { at, child, .. } => write!(f, "Split(at {at}, child {child})"),
         }
     }
 }

@@ -25,6 +25,7 @@ pub fn row_len(row: &Row) -> usize {
         + varint_len(row.ts)
         + varint_len(row.index)
         + varint_len(u64::from(row.slot))
+        + varint_len(u64::from(row.vshard))
         + varint_len(row.value.len() as u64)
         + row.value.len()
 }
@@ -37,6 +38,7 @@ pub fn put_row(out: &mut Vec<u8>, row: &Row) {
     put_varint(out, row.ts);
     put_varint(out, row.index);
     put_varint(out, u64::from(row.slot));
+    put_varint(out, u64::from(row.vshard));
     put_varint(out, row.value.len() as u64);
     out.extend_from_slice(&row.value);
 }
@@ -74,7 +76,7 @@ fn get_u64(buf: &[u8], pos: &mut usize, what: &str) -> Result<u64, String> {
 
 /// Decodes exactly `rows` rows filling all of `buf`. Never panics; the
 /// number of rows allocated up front is capped by the buffer size.
-pub fn decode_rows(buf: &[u8], rows: u64) -> Result<Vec<Row>, String> {
+pub fn decode_rows(buf: &[u8], rows: u64, schema: u32) -> Result<Vec<Row>, String> {
     // Each row takes at least 6 bytes, so a larger count is a lie.
     if rows > (buf.len() / 6) as u64 {
         return Err(format!("{rows} rows cannot fit in {} bytes", buf.len()));
@@ -92,6 +94,15 @@ pub fn decode_rows(buf: &[u8], rows: u64) -> Result<Vec<Row>, String> {
         let slot = get_u64(buf, &mut pos, "slot")?;
         let slot = u32::try_from(slot)
             .map_err(|_| format!("slot {slot} before block byte {pos} exceeds u32"))?;
+        let vshard = if schema >= 2 {
+            let v = get_u64(buf, &mut pos, "vshard")?;
+            u32::try_from(v)
+                .map_err(|_| format!("vshard {v} before block byte {pos} exceeds u32"))?
+        } else {
+            // Schema 1 kept no vshard: the record key was the routing key
+            // of every record written before schema 2.
+            stele_proto::vshard::vshard(&namespace, &key)
+        };
         let value = get_bytes(buf, &mut pos, VALUE_BYTES_HARD_MAX, "value")?.to_vec();
         out.push(Row {
             namespace,
@@ -100,6 +111,8 @@ pub fn decode_rows(buf: &[u8], rows: u64) -> Result<Vec<Row>, String> {
             index,
             slot,
             value,
+            vshard,
+            tablet: 0,
         });
     }
     if pos != buf.len() {

@@ -20,8 +20,12 @@ pub const MAGIC: [u8; 8] = *b"STELESEG";
 pub const TRAILER_MAGIC: [u8; 8] = *b"STELEEND";
 /// The only format version this build writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
-/// Version of the row layout inside blocks (`HeaderV1::row_schema`).
-pub const ROW_SCHEMA: u32 = 1;
+/// Version of the row layout inside blocks (`HeaderV1::row_schema`) that
+/// this build writes. Schema 2 adds each row's vshard; schema 1 files are
+/// still read (their rows' vshards are recomputed from the record key).
+pub const ROW_SCHEMA: u32 = 2;
+/// The oldest row schema this build reads.
+pub const ROW_SCHEMA_MIN: u32 = 1;
 
 // Prologue: magic, version, header length, header crc32c.
 pub const PROLOGUE_MAGIC_OFFSET: usize = 0;

@@ -51,6 +51,16 @@ pub struct Row {
     pub slot: u32,
     #[serde(with = "serde_bytes")]
     pub value: Vec<u8>,
+    /// The record's vshard (from its routing key). Stored per row since
+    /// row schema 2, so a split child can read only its own range of a
+    /// segment it shares with its parent.
+    #[serde(default)]
+    pub vshard: u32,
+    /// The tablet that applied the record (its position's tablet). Not
+    /// stored per row: a segment reader fills it from the segment header,
+    /// a memtable with its own tablet id. 0 while unknown.
+    #[serde(default)]
+    pub tablet: u64,
 }
 
 impl Row {

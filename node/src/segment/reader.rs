@@ -51,6 +51,7 @@ pub struct SegmentReader {
     bloom: Bloom,
     footer_offset: u64,
     file_xxh3: u64,
+    row_schema: u32,
 }
 
 fn u32_at(buf: &[u8], at: usize) -> u32 {
@@ -374,10 +375,13 @@ impl SegmentReader {
                 ),
             ));
         }
-        let rows = decode_rows(&raw, meta.rows)
+        let mut rows = decode_rows(&raw, meta.rows, self.row_schema)
             .map_err(|e| self.corrupt(at, format!("block {i}: {e}")))?;
         self.check_block_rows(i, &rows)
             .map_err(|e| self.corrupt(at, format!("block {i}: {e}")))?;
+        for row in &mut rows {
+            row.tablet = self.header.tablet;
+        }
         Ok(rows)
     }
 
@@ -547,6 +551,7 @@ impl SegmentReader {
             bloom,
             footer_offset,
             file_xxh3: u64_at(&trailer, TRAILER_FILE_XXH3_OFFSET),
+            row_schema: header.row_schema,
         })
     }
 
@@ -617,7 +622,7 @@ fn read_at(
 }
 
 fn check_header(h: &HeaderV1) -> Result<(), String> {
-    if h.row_schema != ROW_SCHEMA {
+    if !(ROW_SCHEMA_MIN..=ROW_SCHEMA).contains(&h.row_schema) {
         return Err(format!("unknown row schema {}", h.row_schema));
     }
     if u64::from(h.vshard_lo) >= h.vshard_hi || h.vshard_hi > 1 << 32 {

@@ -14,7 +14,8 @@ pub type LocalPos = (u64, u32);
 
 #[derive(Debug, Default)]
 pub struct Memtable {
-    rows: BTreeMap<RowKey, Vec<u8>>,
+    /// Row -> (vshard, value).
+    rows: BTreeMap<RowKey, (u32, Vec<u8>)>,
     /// Latest record per key, by position: `(ts, index, slot)`.
     latest: HashMap<(String, Vec<u8>), (u64, u64, u32)>,
     bytes: usize,
@@ -38,6 +39,8 @@ impl Memtable {
             index,
             slot,
             value,
+            vshard,
+            tablet: _,
         } = row;
         self.bytes += namespace.len() + key.len() + value.len() + ROW_OVERHEAD_BYTES;
         self.first_index.get_or_insert(index);
@@ -50,7 +53,7 @@ impl Memtable {
         if (index, slot) >= (latest.1, latest.2) {
             *latest = (ts, index, slot);
         }
-        self.rows.insert((namespace, key, ts, index, slot), value);
+        self.rows.insert((namespace, key, ts, index, slot), (vshard, value));
     }
 
     pub fn is_empty(&self) -> bool {
@@ -142,14 +145,16 @@ impl Memtable {
     }
 }
 
-fn to_row(k: &RowKey, value: &[u8]) -> Row {
+fn to_row(k: &RowKey, (vshard, value): &(u32, Vec<u8>)) -> Row {
     Row {
         namespace: k.0.clone(),
         key: k.1.clone(),
         ts: k.2,
         index: k.3,
         slot: k.4,
-        value: value.to_vec(),
+        value: value.clone(),
+        vshard: *vshard,
+        tablet: 0,
     }
 }
 
@@ -165,6 +170,8 @@ mod tests {
             index,
             slot,
             value,
+            vshard: 0,
+            tablet: 0,
         }
     }
 

@@ -49,7 +49,27 @@ impl Default for TabletOptions {
     }
 }
 
-/// Rows frozen by an applied `Seal`, waiting for their segment to publish.
+/// A tablet's vshard range `[lo, hi)` and the generation it changed at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RangeState {
+    pub lo: u32,
+    pub hi: u64,
+    pub generation: u64,
+}
+
+/// The child a `Split` creates once its seal publishes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SplitChild {
+    pub child: u64,
+    pub at: u32,
+    pub hi: u64,
+    pub generation: u64,
+    /// The child group's voter replica ids (one per node of the parent).
+    pub replicas: Vec<u64>,
+}
+
+/// Rows frozen by an applied `Seal` (or `Split`), waiting for their
+/// segment to publish.
 #[derive(Debug)]
 pub struct Frozen {
     /// Log index of the Seal entry; the new checkpoint once published.
@@ -57,6 +77,13 @@ pub struct Frozen {
     pub seal_log_id: LogId,
     pub membership: StoredMembership,
     pub memtable: Memtable,
+    /// The range the rows were applied under (the segment header's).
+    pub rows_range: RangeState,
+    /// The tablet's range once this seal's index is applied: what the
+    /// catalog records with the new checkpoint.
+    pub after: RangeState,
+    /// Set on the seal of a `Split`: the child to create with it.
+    pub split: Option<SplitChild>,
 }
 
 /// A tablet's applied state.
@@ -83,6 +110,12 @@ pub struct TabletData {
     /// Segments `DropSegment` named before this replica's seal published
     /// them: the seal drops them instead of publishing.
     pub dropped_early: std::collections::BTreeSet<String>,
+    /// The range as of `checkpoint`: what the catalog record says. The live
+    /// range ([`Tablet::range`]) runs ahead of it between a `Split` and its
+    /// seal's publish.
+    pub published: RangeState,
+    /// A split whose seal failed to publish, carried to the next seal.
+    pub pending_split: Option<SplitChild>,
 }
 
 /// Counters of a tablet, read by status and tests.
@@ -100,9 +133,12 @@ pub struct TabletStats {
 pub struct Tablet {
     pub id: u64,
     pub replica_id: u64,
-    pub vshard_lo: u32,
-    pub vshard_hi: u64,
+    /// The live range `[lo, hi)`: changed only by applying `Split` (under
+    /// the data write lock), read by admission and apply.
+    range: RwLock<(u32, u64)>,
     pub generation: AtomicU64,
+    /// A split child's voters ([`TabletRecord::init_voters`]).
+    pub init_voters: Vec<u64>,
     pub options: TabletOptions,
     /// Where this tablet's segment files live.
     pub segment_dir: PathBuf,
@@ -168,11 +204,16 @@ impl Tablet {
             clock_us = clock_us.max(receipt.at_us);
             receipts.insert(key, receipt);
         }
+        let published = RangeState {
+            lo: record.vshard_lo,
+            hi: record.vshard_hi,
+            generation: record.generation,
+        };
         Ok(Arc::new(Tablet {
             id: record.id,
             replica_id: record.replica_id,
-            vshard_lo: record.vshard_lo,
-            vshard_hi: record.vshard_hi,
+            range: RwLock::new((record.vshard_lo, record.vshard_hi)),
+            init_voters: record.init_voters.clone(),
             generation: AtomicU64::new(record.generation),
             options,
             segment_dir,
@@ -195,6 +236,8 @@ impl Tablet {
                 clock_us,
                 cold_early: Default::default(),
                 dropped_early: Default::default(),
+                published,
+                pending_split: None,
             }),
         }))
     }
@@ -207,8 +250,30 @@ impl Tablet {
         self.data.write().expect("tablet lock poisoned")
     }
 
+    /// The live range `[lo, hi)`.
+    pub fn range(&self) -> (u32, u64) {
+        *self.range.read().expect("range lock poisoned")
+    }
+
     pub fn contains(&self, vshard: u32) -> bool {
-        vshard >= self.vshard_lo && u64::from(vshard) < self.vshard_hi
+        let (lo, hi) = self.range();
+        vshard >= lo && u64::from(vshard) < hi
+    }
+
+    /// The live range and generation together.
+    pub fn range_state(&self) -> RangeState {
+        let (lo, hi) = self.range();
+        RangeState {
+            lo,
+            hi,
+            generation: self.generation(),
+        }
+    }
+
+    /// Moves the live range (apply of `Split`, snapshot install).
+    pub(crate) fn set_range(&self, r: RangeState) {
+        *self.range.write().expect("range lock poisoned") = (r.lo, r.hi);
+        self.generation.store(r.generation, Ordering::Release);
     }
 
     pub fn generation(&self) -> u64 {
@@ -220,15 +285,75 @@ impl Tablet {
         TabletRecord {
             v: 1,
             id: self.id,
-            vshard_lo: self.vshard_lo,
-            vshard_hi: self.vshard_hi,
-            generation: self.generation(),
+            vshard_lo: data.published.lo,
+            vshard_hi: data.published.hi,
+            generation: data.published.generation,
             checkpoint: data.checkpoint,
             applied_state,
             segments: data.segments.iter().map(|(r, _)| r.clone()).collect(),
             replica_id: self.replica_id,
+            init_voters: self.init_voters.clone(),
         }
     }
+}
+
+/// Whether `row` lies in `range`: a segment shared with a split parent
+/// holds rows of both tablets, and each reads only its own.
+fn in_range(range: (u32, u64), row: &Row) -> bool {
+    row.vshard >= range.0 && u64::from(row.vshard) < range.1
+}
+
+/// Names the tablet of a memtable row (segment rows carry their header's).
+fn owned(tablet: u64, mut row: Row) -> Row {
+    if row.tablet == 0 {
+        row.tablet = tablet;
+    }
+    row
+}
+
+/// The latest row of a key in `range` among `rows` (one source's rows of
+/// the key), by position.
+fn latest_of(range: (u32, u64), rows: Vec<Row>) -> Option<Row> {
+    rows.into_iter()
+        .filter(|r| in_range(range, r))
+        .max_by_key(|r| (r.index, r.slot))
+}
+
+/// The latest row of a key in `range` in one memtable.
+fn memtable_latest(m: &Memtable, range: (u32, u64), namespace: &str, key: &[u8]) -> Option<Row> {
+    let row = m.latest(namespace, key)?;
+    if in_range(range, &row) {
+        return Some(row);
+    }
+    // The key's latest record lies outside the range (another routing key
+    // of the same record key, in the other half of a split): look further.
+    latest_of(
+        range,
+        m.scan_key(namespace, key, 0, u64::MAX, None, usize::MAX),
+    )
+}
+
+/// The latest row of a key in `range` in one segment.
+fn segment_latest(
+    seg: &SegmentReader,
+    range: (u32, u64),
+    namespace: &str,
+    key: &[u8],
+) -> Result<Option<Row>> {
+    if !seg.may_contain_key(namespace, key) {
+        return Ok(None);
+    }
+    let Some(row) = seg.latest(namespace, key).map_err(crate::Error::from)? else {
+        return Ok(None);
+    };
+    if in_range(range, &row) {
+        return Ok(Some(row));
+    }
+    Ok(latest_of(
+        range,
+        seg.scan_key(namespace, key, 0, u64::MAX, None, usize::MAX)
+            .map_err(crate::Error::from)?,
+    ))
 }
 
 /// The read path without holding the tablet lock across segment reads.
@@ -239,9 +364,12 @@ impl Tablet {
 /// apply. Each row is still seen exactly once: at the moment of the lock it
 /// is in a memtable, a frozen memtable or a published segment, segments are
 /// immutable, and a reader swapped out by eviction stays valid (its file
-/// handle or its cold source).
+/// handle or its cold source). Every read keeps only the rows of the live
+/// range: the rest belong to a split child.
 impl Tablet {
-    /// [`TabletData::scan`] and the applied index it reflects.
+    /// Rows of a namespace with keys starting with `prefix` and ts in
+    /// `[ts_from, ts_to)`, sorted by `(ts, key, index, slot)`, and the
+    /// applied index they reflect.
     pub fn scan_unlocked(
         &self,
         namespace: &str,
@@ -249,20 +377,18 @@ impl Tablet {
         ts_from: u64,
         ts_to: u64,
     ) -> Result<(Vec<Row>, u64)> {
-        let (mut rows, segments, applied) = {
+        let (mut rows, segments, applied, range) = {
             let d = self.read();
             let mut rows = d.memtable.scan(namespace, prefix, ts_from, ts_to);
             for f in &d.frozen {
                 rows.extend(f.memtable.scan(namespace, prefix, ts_from, ts_to));
             }
-            let (segments, applied) = (
-                d.segments
-                    .iter()
-                    .map(|(_, r)| r.clone())
-                    .collect::<Vec<_>>(),
-                d.applied_index(),
-            );
-            (rows, segments, applied)
+            let segments = d
+                .segments
+                .iter()
+                .map(|(_, r)| r.clone())
+                .collect::<Vec<_>>();
+            (rows, segments, d.applied_index(), self.range())
         };
         for seg in &segments {
             rows.extend(
@@ -270,11 +396,17 @@ impl Tablet {
                     .map_err(crate::Error::from)?,
             );
         }
+        let mut rows: Vec<Row> = rows
+            .into_iter()
+            .filter(|r| in_range(range, r))
+            .map(|r| owned(self.id, r))
+            .collect();
         rows.sort_by(|a, b| (a.ts, &a.key, a.index, a.slot).cmp(&(b.ts, &b.key, b.index, b.slot)));
         Ok((rows, applied))
     }
 
-    /// [`TabletData::scan_key`] and the applied index it reflects.
+    /// Rows of one key in `[ts_from, ts_to)` after the cursor, ascending by
+    /// `(ts, index, slot)`, at most `limit`, and the applied index.
     pub fn scan_key_unlocked(
         &self,
         namespace: &str,
@@ -284,51 +416,52 @@ impl Tablet {
         after: Option<(u64, u64, u32)>,
         limit: usize,
     ) -> Result<(Vec<Row>, u64)> {
-        let (mut rows, segments, applied) = {
+        let (rows, segments, applied, range) = {
             let d = self.read();
+            let range = self.range();
             let mut rows = d
                 .memtable
-                .scan_key(namespace, key, ts_from, ts_to, after, limit);
+                .scan_key(namespace, key, ts_from, ts_to, after, usize::MAX);
             for f in &d.frozen {
                 rows.extend(
                     f.memtable
-                        .scan_key(namespace, key, ts_from, ts_to, after, limit),
+                        .scan_key(namespace, key, ts_from, ts_to, after, usize::MAX),
                 );
             }
-            let (segments, applied) = (
-                d.segments
-                    .iter()
-                    .map(|(_, r)| r.clone())
-                    .collect::<Vec<_>>(),
-                d.applied_index(),
-            );
-            (rows, segments, applied)
+            let segments = d
+                .segments
+                .iter()
+                .map(|(_, r)| r.clone())
+                .collect::<Vec<_>>();
+            (rows, segments, d.applied_index(), range)
         };
+        let mut rows: Vec<Row> = rows.into_iter().filter(|r| in_range(range, r)).collect();
         for seg in &segments {
             if !seg.may_contain_key(namespace, key) {
                 continue;
             }
+            // A shared segment may hold rows of the other split half: read
+            // past them so `limit` rows of this range come back.
             rows.extend(
-                seg.scan_key(namespace, key, ts_from, ts_to, after, limit)
-                    .map_err(crate::Error::from)?,
+                seg.scan_key(namespace, key, ts_from, ts_to, after, usize::MAX)
+                    .map_err(crate::Error::from)?
+                    .into_iter()
+                    .filter(|r| in_range(range, r)),
             );
         }
+        let mut rows: Vec<Row> = rows.into_iter().map(|r| owned(self.id, r)).collect();
         rows.sort_by_key(|r| (r.ts, r.index, r.slot));
         rows.truncate(limit);
         Ok((rows, applied))
     }
 
-    /// [`TabletData::latest`] and the applied index it reflects.
+    /// The latest record of a key in the live range, and the applied index.
     pub fn latest_unlocked(&self, namespace: &str, key: &[u8]) -> Result<(Option<Row>, u64)> {
-        let (segments, applied) = {
+        let (segments, applied, range) = {
             let d = self.read();
-            if let Some(row) = d.memtable.latest(namespace, key) {
-                return Ok((Some(row), d.applied_index()));
-            }
-            for f in d.frozen.iter().rev() {
-                if let Some(row) = f.memtable.latest(namespace, key) {
-                    return Ok((Some(row), d.applied_index()));
-                }
+            let range = self.range();
+            if let Some(row) = d.memory_latest(range, namespace, key) {
+                return Ok((Some(owned(self.id, row)), d.applied_index()));
             }
             // The segments and the watermark of the same moment as the
             // memtables just read.
@@ -338,14 +471,12 @@ impl Tablet {
                     .map(|(_, r)| r.clone())
                     .collect::<Vec<_>>(),
                 d.applied_index(),
+                range,
             )
         };
         for seg in segments.iter().rev() {
-            if !seg.may_contain_key(namespace, key) {
-                continue;
-            }
-            if let Some(row) = seg.latest(namespace, key).map_err(crate::Error::from)? {
-                return Ok((Some(row), applied));
+            if let Some(row) = segment_latest(seg, range, namespace, key)? {
+                return Ok((Some(owned(self.id, row)), applied));
             }
         }
         Ok((None, applied))
@@ -368,84 +499,31 @@ impl TabletData {
                 .sum::<usize>()
     }
 
-    /// The latest record of a key, by position, across memory and segments.
-    pub fn latest(&self, namespace: &str, key: &[u8]) -> Result<Option<Row>> {
-        // Newer sources hold higher positions: memtable, then frozen (newest
-        // first), then segments (newest first).
-        if let Some(row) = self.memtable.latest(namespace, key) {
+    /// The latest record of a key in `range` among the memtables.
+    fn memory_latest(&self, range: (u32, u64), namespace: &str, key: &[u8]) -> Option<Row> {
+        // Newer sources hold later records: the memtable, then the frozen
+        // ones, newest first.
+        memtable_latest(&self.memtable, range, namespace, key).or_else(|| {
+            self.frozen
+                .iter()
+                .rev()
+                .find_map(|f| memtable_latest(&f.memtable, range, namespace, key))
+        })
+    }
+
+    /// The latest record of a key in `range`, across memory and segments
+    /// (newest source first: a split child's own rows are newer than the
+    /// ones it shares with its parent, whatever their log indices).
+    pub fn latest(&self, range: (u32, u64), namespace: &str, key: &[u8]) -> Result<Option<Row>> {
+        if let Some(row) = self.memory_latest(range, namespace, key) {
             return Ok(Some(row));
         }
-        for f in self.frozen.iter().rev() {
-            if let Some(row) = f.memtable.latest(namespace, key) {
-                return Ok(Some(row));
-            }
-        }
         for (_, seg) in self.segments.iter().rev() {
-            if !seg.may_contain_key(namespace, key) {
-                continue;
-            }
-            if let Some(row) = seg.latest(namespace, key).map_err(crate::Error::from)? {
+            if let Some(row) = segment_latest(seg, range, namespace, key)? {
                 return Ok(Some(row));
             }
         }
         Ok(None)
-    }
-
-    /// Rows of one key in `[ts_from, ts_to)` after the cursor, ascending by
-    /// `(ts, index, slot)`, at most `limit`.
-    pub fn scan_key(
-        &self,
-        namespace: &str,
-        key: &[u8],
-        ts_from: u64,
-        ts_to: u64,
-        after: Option<(u64, u64, u32)>,
-        limit: usize,
-    ) -> Result<Vec<Row>> {
-        let mut rows = self
-            .memtable
-            .scan_key(namespace, key, ts_from, ts_to, after, limit);
-        for f in &self.frozen {
-            rows.extend(
-                f.memtable
-                    .scan_key(namespace, key, ts_from, ts_to, after, limit),
-            );
-        }
-        for (_, seg) in &self.segments {
-            if !seg.may_contain_key(namespace, key) {
-                continue;
-            }
-            rows.extend(
-                seg.scan_key(namespace, key, ts_from, ts_to, after, limit)
-                    .map_err(crate::Error::from)?,
-            );
-        }
-        rows.sort_by_key(|r| (r.ts, r.index, r.slot));
-        rows.truncate(limit);
-        Ok(rows)
-    }
-
-    /// Rows of a namespace with keys starting with `prefix` and ts in
-    /// `[ts_from, ts_to)`, sorted by `(ts, key, index, slot)`.
-    pub fn scan(
-        &self,
-        namespace: &str,
-        prefix: &[u8],
-        ts_from: u64,
-        ts_to: u64,
-    ) -> Result<Vec<Row>> {
-        let mut rows = self.memtable.scan(namespace, prefix, ts_from, ts_to);
-        for f in &self.frozen {
-            rows.extend(f.memtable.scan(namespace, prefix, ts_from, ts_to));
-        }
-        for (_, seg) in &self.segments {
-            rows.extend(
-                seg.scan(namespace, prefix, ts_from, ts_to)
-                    .map_err(crate::Error::from)?,
-            );
-        }
-        rows.sort_by(|a, b| (a.ts, &a.key, a.index, a.slot).cmp(&(b.ts, &b.key, b.index, b.slot)));
-        Ok(rows)
     }
 }
 
@@ -465,10 +543,11 @@ pub fn open_segment(
     Ok(Arc::new(reader.map_err(crate::Error::from)?))
 }
 
-/// The position of a row of tablet `tablet`.
+/// The position of a row: its own tablet's (a row read from a segment a
+/// split child shares keeps its parent's), else `tablet`'s.
 pub fn pos_of(tablet: u64, row: &Row) -> Pos {
     Pos {
-        tablet,
+        tablet: if row.tablet == 0 { tablet } else { row.tablet },
         index: row.index,
         slot: row.slot,
     }

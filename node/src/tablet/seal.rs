@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 
 use super::receipts::{self, ReceiptKey};
 use super::{Tablet, TabletData};
-use crate::catalog::{ReceiptRow, SegmentRef};
+use crate::catalog::{ReceiptRow, SegmentRef, TabletRecord};
 use crate::error::{Error, Result};
 use crate::raft::{LogId, StoredMembership, encode};
 use crate::segment::{self, Row, SegmentReader};
@@ -31,6 +31,17 @@ struct Plan {
     drop_receipts: Vec<ReceiptKey>,
     seal_log_id: LogId,
     membership: StoredMembership,
+    after: super::RangeState,
+    split: Option<super::SplitChild>,
+}
+
+/// What a published seal did.
+#[derive(Debug)]
+pub struct SealDone {
+    /// The new checkpoint.
+    pub checkpoint: u64,
+    /// The split child this seal created on this node, to be opened.
+    pub child: Option<TabletRecord>,
 }
 
 fn plan(tablet: &Tablet, data: &TabletData, seal_index: u64) -> Option<Plan> {
@@ -58,8 +69,8 @@ fn plan(tablet: &Tablet, data: &TabletData, seal_index: u64) -> Option<Plan> {
         seal_index,
         header: segment::SegmentHeader {
             tablet: tablet.id,
-            vshard_lo: tablet.vshard_lo,
-            vshard_hi: tablet.vshard_hi,
+            vshard_lo: frozen.rows_range.lo,
+            vshard_hi: frozen.rows_range.hi,
             log_first,
             log_last: seal_index,
         },
@@ -68,6 +79,8 @@ fn plan(tablet: &Tablet, data: &TabletData, seal_index: u64) -> Option<Plan> {
         drop_receipts,
         seal_log_id: frozen.seal_log_id,
         membership: frozen.membership.clone(),
+        after: frozen.after,
+        split: frozen.split.clone(),
     })
 }
 
@@ -93,6 +106,7 @@ fn build(tablet: &Tablet, plan: &Plan) -> Result<Option<(SegmentRef, Arc<Segment
             ts_min: info.ts_min,
             ts_max: info.ts_max,
             cold: None,
+            origin: 0,
         },
         Arc::new(reader),
     )))
@@ -104,7 +118,7 @@ fn commit(
     plan: Plan,
     mut seg: Option<(SegmentRef, Arc<SegmentReader>)>,
     extra_drops: &[Vec<u8>],
-) -> Result<()> {
+) -> Result<Option<TabletRecord>> {
     if let Some((r, _)) = &mut seg
         && let Some(cold) = data.cold_early.remove(&r.id)
     {
@@ -125,15 +139,38 @@ fn commit(
         record.segments.push(r.clone());
     }
     record.checkpoint = plan.seal_index;
+    record.vshard_lo = plan.after.lo;
+    record.vshard_hi = plan.after.hi;
+    record.generation = plan.after.generation;
     let mut drops: Vec<Vec<u8>> = plan
         .drop_receipts
         .iter()
         .map(receipts::encode_key)
         .collect();
     drops.extend_from_slice(extra_drops);
-    tablet
-        .catalog
-        .publish(&record, &plan.add_receipts, &drops)?;
+    let child = match &plan.split {
+        Some(split) => split_child(tablet, data, &record, split, plan.seal_index)?,
+        None => None,
+    };
+    let created = tablet.catalog.publish_split(
+        &record,
+        &plan.add_receipts,
+        &drops,
+        child.as_ref().map(|(r, rows, _)| (r, rows.as_slice())),
+    )?;
+    let child = match child {
+        Some((child, _, dir)) if !created => {
+            // The child exists here already (made from an assignment):
+            // the links made for it are not its files.
+            for s in &child.segments {
+                let _ = std::fs::remove_file(dir.join(segment::file_name(&s.id)));
+            }
+            None
+        }
+        Some((child, _, _)) => Some(child),
+        None => None,
+    };
+    data.published = plan.after;
     if let Some(seg) = seg {
         data.segments.push(seg);
     }
@@ -145,24 +182,123 @@ fn commit(
         data.receipts.expire_key(k);
     }
     tablet.stats.seals_published.fetch_add(1, Ordering::Relaxed);
-    Ok(())
+    Ok(child)
+}
+
+/// The catalog record and receipts of the child a split creates on this
+/// node, with its segment files hard-linked into its own directory: every
+/// segment the parent has published (the split's own seal included), as a
+/// shared reference, and every receipt applied up to the split that
+/// touches the child's range. `None` when this node holds no replica of
+/// the child.
+#[allow(clippy::type_complexity)]
+fn split_child(
+    tablet: &Tablet,
+    data: &TabletData,
+    parent: &TabletRecord,
+    split: &super::SplitChild,
+    split_index: u64,
+) -> Result<Option<(TabletRecord, Vec<ReceiptRow>, std::path::PathBuf)>> {
+    let node = crate::raft::router::node_of(tablet.replica_id);
+    let Some(replica_id) = split
+        .replicas
+        .iter()
+        .copied()
+        .find(|r| crate::raft::router::node_of(*r) == node)
+    else {
+        tracing::warn!(
+            tablet = tablet.id,
+            child = split.child,
+            "split names no replica of the child on this node"
+        );
+        return Ok(None);
+    };
+    let dir = tablet
+        .segment_dir
+        .parent()
+        .map(|p| p.join(split.child.to_string()))
+        .ok_or_else(|| Error::Config("segment directory has no parent".into()))?;
+    crate::fsutil::create_dir_durable(&dir)
+        .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+    let mut segments = Vec::with_capacity(parent.segments.len());
+    for s in &parent.segments {
+        let from = tablet.segment_dir.join(segment::file_name(&s.id));
+        let to = dir.join(segment::file_name(&s.id));
+        if from.exists() && !to.exists() {
+            std::fs::hard_link(&from, &to)
+                .map_err(|e| Error::io(format!("link {} to {}", from.display(), to.display()), e))?;
+        }
+        segments.push(SegmentRef {
+            origin: s.owner(tablet.id),
+            ..s.clone()
+        });
+    }
+    crate::fsutil::fsync_dir(&dir).map_err(|e| Error::io(format!("fsync {}", dir.display()), e))?;
+    let cutoff = data
+        .clock_us
+        .saturating_sub(tablet.options.receipt_window_us);
+    let mut receipts: Vec<ReceiptRow> = data
+        .receipts
+        .iter()
+        .filter(|(_, r)| r.index <= split_index && r.at_us >= cutoff)
+        .filter(|(_, r)| {
+            r.parts
+                .iter()
+                .any(|p| u64::from(p.vshard_lo) < split.hi && p.vshard_hi > u64::from(split.at))
+        })
+        .map(|(k, r)| {
+            // Index 0: applied before anything of the child's own log.
+            let r = receipts::Receipt { index: 0, ..r.clone() };
+            ReceiptRow {
+                key: receipts::encode_key(k),
+                value: encode(&r),
+            }
+        })
+        .collect();
+    receipts.sort_by(|a, b| a.key.cmp(&b.key));
+    let record = TabletRecord {
+        v: 1,
+        id: split.child,
+        vshard_lo: split.at,
+        vshard_hi: split.hi,
+        generation: split.generation,
+        checkpoint: 0,
+        applied_state: Vec::new(),
+        segments,
+        replica_id,
+        init_voters: split.replicas.clone(),
+    };
+    Ok(Some((record, receipts, dir)))
 }
 
 /// Puts the rows of the oldest frozen memtable back: into the next frozen
 /// memtable when there is one (its checkpoint must cover them), else into
 /// the active memtable.
+/// A split on the failed seal moves with its rows: to the next frozen
+/// memtable, or on to the next seal.
 fn put_back(data: &mut TabletData) {
     let failed = data.frozen.remove(0);
     match data.frozen.first_mut() {
-        Some(next) => next.memtable.absorb(failed.memtable),
-        None => data.memtable.absorb(failed.memtable),
+        Some(next) => {
+            next.memtable.absorb(failed.memtable);
+            next.rows_range.hi = next.rows_range.hi.max(failed.rows_range.hi);
+            if next.split.is_none() {
+                next.split = failed.split;
+            }
+        }
+        None => {
+            data.memtable.absorb(failed.memtable);
+            if failed.split.is_some() {
+                data.pending_split = failed.split;
+            }
+        }
     }
 }
 
 /// Seals the oldest frozen memtable of `tablet` if it is the one frozen at
 /// `seal_index`, without holding the tablet lock while writing the segment.
 /// Returns the new checkpoint on success, `None` if there was nothing to do.
-pub fn run_seal(tablet: &Tablet, seal_index: u64) -> Result<Option<u64>> {
+pub fn run_seal(tablet: &Tablet, seal_index: u64) -> Result<Option<SealDone>> {
     let Some(plan) = plan(tablet, &tablet.read(), seal_index) else {
         return Ok(None);
     };
@@ -170,7 +306,10 @@ pub fn run_seal(tablet: &Tablet, seal_index: u64) -> Result<Option<u64>> {
     let mut data = tablet.write();
     let result = built.and_then(|seg| commit(tablet, &mut data, plan, seg, &[]));
     match result {
-        Ok(()) => Ok(Some(seal_index)),
+        Ok(child) => Ok(Some(SealDone {
+            checkpoint: seal_index,
+            child,
+        })),
         Err(e) => {
             tablet.stats.seal_failures.fetch_add(1, Ordering::Relaxed);
             put_back(&mut data);
@@ -199,7 +338,7 @@ pub(crate) fn publish_front(
         tablet.stats.seal_failures.fetch_add(1, Ordering::Relaxed);
         put_back(data);
     }
-    result
+    result.map(|_| ())
 }
 
 /// Removes segment files the catalog does not name (a crash between the

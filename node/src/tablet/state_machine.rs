@@ -41,6 +41,10 @@ struct TabletSnapshot {
     segments: Vec<SegmentRef>,
     receipts: Vec<(Vec<u8>, Receipt)>,
     rows: Vec<Row>,
+    /// The range `(lo, hi, generation)` as of the checkpoint. Absent in
+    /// snapshots from before splits existed: the installer keeps its own.
+    #[serde(default)]
+    range: Option<(u32, u64, u64)>,
 }
 
 const SNAPSHOT_V: u16 = 1;
@@ -99,16 +103,17 @@ pub(crate) fn apply_batch(
             reason: "batch partly applied under another tablet range".into(),
         };
     }
+    let (lo, hi) = tablet.range();
     if let Some(r) = batch.records.iter().find(|r| !tablet.contains(r.vshard)) {
         return TabletResponse::Rejected {
             reason: format!(
-                "vshard {} outside tablet {} range [{}, {})",
-                r.vshard, tablet.id, tablet.vshard_lo, tablet.vshard_hi
+                "vshard {} outside tablet {} range [{lo}, {hi})",
+                r.vshard, tablet.id
             ),
         };
     }
     if let Some(expect) = &batch.expect {
-        let actual = match data.latest(&batch.namespace, &expect.key) {
+        let actual = match data.latest((lo, hi), &batch.namespace, &expect.key) {
             Ok(row) => row.map(|r| super::pos_of(tablet.id, &r)),
             Err(e) => {
                 // A segment that cannot be read makes the condition
@@ -135,6 +140,8 @@ pub(crate) fn apply_batch(
                 index,
                 slot,
                 value: r.value.clone(),
+                vshard: r.vshard,
+                tablet: 0,
             },
             batch.proposed_at_us,
         );
@@ -149,8 +156,8 @@ pub(crate) fn apply_batch(
         Receipt {
             v: 1,
             parts: vec![ReceiptPart {
-                vshard_lo: tablet.vshard_lo,
-                vshard_hi: tablet.vshard_hi,
+                vshard_lo: lo,
+                vshard_hi: hi,
                 positions: positions
                     .iter()
                     .enumerate()
@@ -169,6 +176,45 @@ pub(crate) fn apply_batch(
         positions,
         duplicate: false,
     }
+}
+
+/// Freezes the memtable at `log_id` for the seal worker (`Seal`, and the
+/// seal of a `Split`, which also moves the live range to `[lo, at)`). A
+/// split whose earlier seal failed to publish rides on this one.
+fn freeze(tablet: &Tablet, data: &mut TabletData, log_id: LogId, split: Option<super::SplitChild>) {
+    let live = tablet.range_state();
+    let (split, carried) = match split {
+        Some(s) => (Some(s), false),
+        None => (data.pending_split.take(), true),
+    };
+    // A carried split's rows came back from its failed seal: they span the
+    // range before it.
+    let rows_range = match (&split, carried) {
+        (Some(s), true) => super::RangeState { hi: s.hi, ..live },
+        _ => live,
+    };
+    let after = match &split {
+        Some(s) if s.at > rows_range.lo && u64::from(s.at) < rows_range.hi => super::RangeState {
+            lo: rows_range.lo,
+            hi: u64::from(s.at),
+            generation: s.generation,
+        },
+        _ => live,
+    };
+    if after != live {
+        tablet.set_range(after);
+    }
+    let memtable = std::mem::take(&mut data.memtable);
+    let membership = data.membership.clone();
+    data.frozen.push(Frozen {
+        seal_index: log_id.index(),
+        seal_log_id: log_id,
+        membership,
+        memtable,
+        rows_range,
+        after,
+        split,
+    });
 }
 
 impl RaftStateMachine<TabletConfig> for StateMachine {
@@ -217,16 +263,38 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
                         TabletResponse::None
                     }
                     EntryPayload::Normal(TabletCommand::Seal { .. }) => {
-                        let memtable = std::mem::take(&mut data.memtable);
-                        let membership = data.membership.clone();
-                        data.frozen.push(Frozen {
-                            seal_index: index,
-                            seal_log_id: log_id,
-                            membership,
-                            memtable,
-                        });
+                        freeze(&self.tablet, &mut data, log_id, None);
                         seal = Some(index);
                         TabletResponse::Sealed
+                    }
+                    EntryPayload::Normal(TabletCommand::Split {
+                        at,
+                        child,
+                        child_replicas,
+                        generation,
+                    }) => {
+                        let (lo, hi) = self.tablet.range();
+                        let inside = lo < *at && u64::from(*at) < hi;
+                        if !inside || *child == self.tablet.id || child_replicas.is_empty() {
+                            // Already applied (a retried proposal) or stale.
+                            TabletResponse::Rejected {
+                                reason: format!(
+                                    "split at {at} outside the open range ({lo}, {hi}) of tablet {}",
+                                    self.tablet.id
+                                ),
+                            }
+                        } else {
+                            let split = super::SplitChild {
+                                child: *child,
+                                at: *at,
+                                hi,
+                                generation: (*generation).max(self.tablet.generation()),
+                                replicas: child_replicas.clone(),
+                            };
+                            freeze(&self.tablet, &mut data, log_id, Some(split));
+                            seal = Some(index);
+                            TabletResponse::Sealed
+                        }
                     }
                     EntryPayload::Membership(m) => {
                         data.membership = StoredMembership::new(Some(log_id), m.clone());
@@ -302,6 +370,13 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
         let applied = meta.last_log_id;
         let membership = meta.last_membership.clone();
         let mut data = tablet.write();
+        let published = match snap.range {
+            Some((lo, hi, generation)) => super::RangeState { lo, hi, generation },
+            None => data.published,
+        };
+        // The log after the snapshot replays from here: the live range is
+        // the snapshot's.
+        tablet.set_range(published);
         let old_receipts: Vec<Vec<u8>> = data
             .receipts
             .iter()
@@ -322,6 +397,8 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
             clock_us,
             cold_early: Default::default(),
             dropped_early: Default::default(),
+            published,
+            pending_split: None,
         };
         // The unsealed rows of the snapshot exist nowhere durable on this
         // replica once openraft purges the log up to the snapshot: seal them
@@ -333,6 +410,9 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
                 seal_log_id,
                 membership,
                 memtable,
+                rows_range: published,
+                after: published,
+                split: None,
             });
             super::seal::publish_front(tablet, &mut data, &old_receipts).map_err(io_err)?;
         } else {
@@ -415,6 +495,12 @@ impl RaftSnapshotBuilder<TabletConfig> for SnapshotBuilder {
             segments: data.segments.iter().map(|(r, _)| r.clone()).collect(),
             receipts,
             rows,
+            range: Some(if at_checkpoint {
+                (data.published.lo, data.published.hi, data.published.generation)
+            } else {
+                let live = self.tablet.range_state();
+                (live.lo, live.hi, live.generation)
+            }),
         };
         let meta = if at_checkpoint {
             SnapshotMeta {

@@ -262,7 +262,7 @@ pub fn open_reader(
     tablet: u64,
     seg: &SegmentRef,
 ) -> crate::segment::Result<SegmentReader> {
-    let key = tier.segment_key(tablet, &seg.id);
+    let key = tier.segment_key(seg.owner(tablet), &seg.id);
     let name = format!("{}/{key}", tier.options.url.trim_end_matches('/'));
     let source = Arc::new(ColdSource {
         tier: tier.clone(),

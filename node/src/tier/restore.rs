@@ -119,6 +119,7 @@ pub async fn restore(
             applied_state,
             segments: m.segments.clone(),
             replica_id: replica,
+            init_voters: Vec::new(),
         };
         let receipts: Vec<ReceiptRow> = m
             .receipts
@@ -149,6 +150,7 @@ pub async fn restore(
                 applied_state: Vec::new(),
                 segments: Vec::new(),
                 replica_id: crate::raft::router::replica_id(next, node_id),
+                init_voters: Vec::new(),
             };
             catalog
                 .put_tablet(&record)

@@ -84,7 +84,7 @@ async fn upload_pending(tier: &Arc<Tier>, leaders: &[&Arc<Replica>]) {
     }
     futures::stream::iter(jobs)
         .map(|(r, seg, file_xxh3)| async move {
-            let key = tier.segment_key(r.tablet.id, &seg.id);
+            let key = tier.segment_key(seg.owner(r.tablet.id), &seg.id);
             let path = r
                 .tablet
                 .segment_dir
@@ -124,6 +124,13 @@ async fn upload_pending(tier: &Arc<Tier>, leaders: &[&Arc<Replica>]) {
 /// Proposes `DropSegment` for the leader's segments past their namespace's
 /// retention ([`super::retention::plan`]).
 async fn apply_retention(tier: &Tier, r: &Replica, state: &mut State) {
+    let owners: std::collections::HashMap<String, u64> = r
+        .tablet
+        .read()
+        .segments
+        .iter()
+        .map(|(s, _)| (s.id.clone(), s.origin))
+        .collect();
     let segs: Vec<super::retention::Seg> = r
         .tablet
         .read()
@@ -145,7 +152,12 @@ async fn apply_retention(tier: &Tier, r: &Replica, state: &mut State) {
         match r.raft.client_write(cmd).await {
             Ok(_) => {
                 tracing::info!(tablet = r.tablet.id, segment = %id, "segment dropped by namespace retention");
-                state.to_delete.push((r.tablet.id, id));
+                // A segment shared from a split parent keeps its object
+                // under the parent, whose own retention deletes it.
+                let shared = owners.get(&id).is_some_and(|o| *o != 0);
+                if !shared {
+                    state.to_delete.push((r.tablet.id, id));
+                }
             }
             Err(e) => {
                 tracing::debug!(tablet = r.tablet.id, error = %e, "DropSegment not proposed; retried next round")
@@ -181,13 +193,13 @@ async fn delete_dropped(tier: &Tier, state: &mut State) {
 #[allow(clippy::map_entry)]
 async fn publish_manifest(tier: &Arc<Tier>, r: &Replica, state: &mut State) -> Result<()> {
     let t = &r.tablet;
-    let (segments, checkpoint) = {
+    let (segments, checkpoint, range) = {
         let data = t.read();
         if data.segments.iter().any(|(s, _)| s.cold.is_none()) {
             return Ok(());
         }
         let segs: Vec<SegmentRef> = data.segments.iter().map(|(s, _)| s.clone()).collect();
-        (segs, data.checkpoint)
+        (segs, data.checkpoint, data.published)
     };
     let ids: Vec<String> = segments.iter().map(|s| s.id.clone()).collect();
     let cell = tier.options.cell.clone();
@@ -226,9 +238,9 @@ async fn publish_manifest(tier: &Arc<Tier>, r: &Replica, state: &mut State) -> R
         cell: cell.clone(),
         tablet: t.id,
         generation,
-        tablet_generation: t.generation(),
-        vshard_lo: t.vshard_lo,
-        vshard_hi: t.vshard_hi,
+        tablet_generation: range.generation,
+        vshard_lo: range.lo,
+        vshard_hi: range.hi,
         checkpoint,
         segments: segments.clone(),
         receipt_window_us: t.options.receipt_window_us,
@@ -259,7 +271,7 @@ pub async fn confirm(tier: &Tier, tablet: u64, seg: &SegmentRef, local_xxh3: u64
     let Some(cold) = &seg.cold else {
         return Err(Error::Other("no Uploaded applied".into()));
     };
-    let key = tier.segment_key(tablet, &seg.id);
+    let key = tier.segment_key(seg.owner(tablet), &seg.id);
     let mismatch = |what: String| Error::Mismatch {
         key: key.to_string(),
         what,
