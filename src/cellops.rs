@@ -596,8 +596,16 @@ pub async fn run_tablet(cmd: TabletCommand) -> anyhow::Result<()> {
                 } else {
                     println!(
                         "plan: split tablet {} [{}, {}) at {}: tablet {} keeps [{}, {}), new tablet {} takes [{}, {}) on the same nodes",
-                        i.tablet, i.vshard_lo, i.vshard_hi, i.at, i.tablet, i.vshard_lo, i.at,
-                        i.child, i.at, i.vshard_hi
+                        i.tablet,
+                        i.vshard_lo,
+                        i.vshard_hi,
+                        i.at,
+                        i.tablet,
+                        i.vshard_lo,
+                        i.at,
+                        i.child,
+                        i.at,
+                        i.vshard_hi
                     );
                 }
                 return Ok(());

@@ -200,8 +200,8 @@ impl Controller {
         let h = self.health.lock().expect("lock poisoned");
         let all = || h.reports.values().flat_map(|r| r.iter());
         let child_seen = all().any(|r| r.tablet == child);
-        let applied = child_seen
-            || all().any(|r| r.tablet == tablet && r.range_generation >= generation);
+        let applied =
+            child_seen || all().any(|r| r.tablet == tablet && r.range_generation >= generation);
         (child_seen, applied)
     }
 
@@ -467,7 +467,12 @@ async fn schedule_once(c: &Controller) -> Result<(), Status> {
             } => {
                 let (child_seen, applied) = c.split_progress(t.id, *child, *generation);
                 if child_seen {
-                    tracing::info!(intent = i.id, tablet = t.id, child, "split: child reported; publishing routes");
+                    tracing::info!(
+                        intent = i.id,
+                        tablet = t.id,
+                        child,
+                        "split: child reported; publishing routes"
+                    );
                     c.propose(Command::FinishSplit { intent: i.id }).await?;
                     open -= 1;
                 } else if !applied && age > c.opts.intent_timeout {
@@ -511,7 +516,11 @@ async fn schedule_once(c: &Controller) -> Result<(), Status> {
             && !s.tablets.contains_key(child)
             && c.split_progress(i.tablet, *child, *generation).0
         {
-            tracing::warn!(intent = i.id, child, "a given-up split was applied; completing it");
+            tracing::warn!(
+                intent = i.id,
+                child,
+                "a given-up split was applied; completing it"
+            );
             c.propose(Command::FinishSplit { intent: i.id }).await?;
         }
     }

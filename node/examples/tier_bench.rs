@@ -34,6 +34,8 @@ fn rows(seg: u64, n: u64) -> Vec<Row> {
                     (x as u8) & 0x0f
                 })
                 .collect(),
+            vshard: 0,
+            tablet: 0,
         })
         .collect()
 }
@@ -99,6 +101,7 @@ async fn main() {
             ts_min: info.ts_min,
             ts_max: info.ts_max,
             cold: None,
+            origin: 0,
         });
     }
     let total: u64 = refs.iter().map(|r| r.bytes).sum();

@@ -353,7 +353,9 @@ impl Agent {
         tokio::spawn(async move {
             match replica.raft.client_write(cmd).await {
                 Ok(_) => tracing::info!(tablet, "split proposed and applied"),
-                Err(e) => tracing::warn!(tablet, error = %e, "split proposal failed; retried on the next heartbeat"),
+                Err(e) => {
+                    tracing::warn!(tablet, error = %e, "split proposal failed; retried on the next heartbeat")
+                }
             }
             busy.lock().expect("lock poisoned").remove(&tablet);
         });

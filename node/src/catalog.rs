@@ -64,7 +64,11 @@ impl SegmentRef {
     /// The tablet whose object key holds the segment, for a segment named
     /// by `tablet`'s record.
     pub fn owner(&self, tablet: u64) -> u64 {
-        if self.origin == 0 { tablet } else { self.origin }
+        if self.origin == 0 {
+            tablet
+        } else {
+            self.origin
+        }
     }
 }
 
@@ -248,10 +252,7 @@ impl Catalog {
                     .map_err(|e| err(e.into()))?;
             }
             if let Some((child, rows)) = child {
-                let exists = tablets
-                    .get(child.id)
-                    .map_err(|e| err(e.into()))?
-                    .is_some();
+                let exists = tablets.get(child.id).map_err(|e| err(e.into()))?.is_some();
                 if !exists {
                     tablets
                         .insert(child.id, to_cbor(child).as_slice())
@@ -392,6 +393,7 @@ mod tests {
             applied_state: vec![],
             segments: vec![],
             replica_id: id,
+            init_voters: Vec::new(),
         }
     }
 
@@ -414,6 +416,7 @@ mod tests {
                 ts_min: 0,
                 ts_max: 0,
                 cold: None,
+                origin: 0,
             });
             let rows = vec![ReceiptRow {
                 key: b"k1".to_vec(),

@@ -1018,8 +1018,14 @@ async fn seal_worker(node: Arc<Node>, mut rx: mpsc::UnboundedReceiver<(Arc<Table
                 if let Some(child) = done.child {
                     let (id, parent) = (child.id, tablet.id);
                     match node.open_split_child(child).await {
-                        Ok(()) => tracing::info!(tablet = parent, child = id, "split: child replica opened"),
-                        Err(e) => tracing::error!(tablet = parent, child = id, error = %e, "split: child replica not opened; it opens at the next start"),
+                        Ok(()) => tracing::info!(
+                            tablet = parent,
+                            child = id,
+                            "split: child replica opened"
+                        ),
+                        Err(e) => {
+                            tracing::error!(tablet = parent, child = id, error = %e, "split: child replica not opened; it opens at the next start")
+                        }
                     }
                 }
                 if let Some(r) = node.replica(tablet.id) {

@@ -253,10 +253,9 @@ async fn three_replicas_agree_on_segments_and_survive_a_cut_leader() {
     let mut converged = false;
     for _ in 0..200 {
         let r = leader.replica(tablet).unwrap();
-        let rows = r
+        let (rows, _) = r
             .tablet
-            .read()
-            .scan_key("rep/ns", key.as_bytes(), 0, u64::MAX, None, 10_000)
+            .scan_key_unlocked("rep/ns", key.as_bytes(), 0, u64::MAX, None, 10_000)
             .unwrap();
         if !r.is_leader() && rows.iter().any(|row| row.ts == 151) {
             converged = true;

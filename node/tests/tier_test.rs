@@ -677,6 +677,8 @@ async fn s3_create_if_absent_semantics() {
         index: 1,
         slot: 0,
         value: b"v".to_vec(),
+        vshard: 0,
+        tablet: 0,
     };
     let info =
         stele_node::segment::write(dir.path(), &header, &[row], &Default::default()).unwrap();

@@ -45,6 +45,7 @@ impl StoreBuilder<TabletConfig, LogStore, StateMachine, Guard> for Builder {
             applied_state: vec![],
             segments: vec![],
             replica_id: 7,
+            init_voters: Vec::new(),
         };
         catalog.put_tablet(&record).expect("put tablet");
         let tablet: Arc<Tablet> = Tablet::open(

@@ -57,8 +57,8 @@ pub struct Row {
     #[serde(default)]
     pub vshard: u32,
     /// The tablet that applied the record (its position's tablet). Not
-    /// stored per row: a segment reader fills it from the segment header,
-    /// a memtable with its own tablet id. 0 while unknown.
+    /// stored per row: the tablet read path fills it from the segment's
+    /// header, or with its own id for memtable rows. 0 while unknown.
     #[serde(default)]
     pub tablet: u64,
 }
@@ -207,6 +207,8 @@ pub(crate) fn sample_segment(rows: u64, value: impl Fn(u64) -> Vec<u8>) -> (Stri
             index: i + 1,
             slot: 0,
             value: value(i),
+            vshard: 0,
+            tablet: 0,
         })
         .collect();
     let bytes = encode(&header, &rows, &WriteOptions::default()).expect("sample segment");

@@ -375,13 +375,10 @@ impl SegmentReader {
                 ),
             ));
         }
-        let mut rows = decode_rows(&raw, meta.rows, self.row_schema)
+        let rows = decode_rows(&raw, meta.rows, self.row_schema)
             .map_err(|e| self.corrupt(at, format!("block {i}: {e}")))?;
         self.check_block_rows(i, &rows)
             .map_err(|e| self.corrupt(at, format!("block {i}: {e}")))?;
-        for row in &mut rows {
-            row.tablet = self.header.tablet;
-        }
         Ok(rows)
     }
 

@@ -39,6 +39,8 @@ fn sample_rows(n: usize) -> Vec<Row> {
             index: 10 + (i / 4) as u64,
             slot: (i % 4) as u32,
             value: vec![i as u8; if i % 97 == 0 { 2000 } else { (i * 13) % 300 }],
+            vshard: 0,
+            tablet: 0,
         })
         .collect();
     rows.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
@@ -186,6 +188,8 @@ fn row(ns: &str, key: &[u8], ts: u64, index: u64, slot: u32, value_len: usize) -
         index,
         slot,
         value: vec![0xab; value_len],
+        vshard: 0,
+        tablet: 0,
     }
 }
 
@@ -405,6 +409,8 @@ fn arb_rows() -> impl Strategy<Value = Vec<Row>> {
                 index: 10 + (i / 3) as u64,
                 slot: (i % 3) as u32,
                 value,
+                vshard: 0,
+                tablet: 0,
             })
             .collect();
         rows.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
@@ -548,9 +554,27 @@ fn reseal_reproduces_an_intact_file() {
 // The golden file: written once by format version 1 and read forever.
 
 const GOLDEN_ID: &str = "6c688ce0529aea5fe215a37bdabdeddc";
+const GOLDEN_V2_ID: &str = "fd20ea88b178bdbd0b3a7af4b044b495";
 
 fn golden_path() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/segment_v1.seg")
+}
+
+/// Row schema 2 (a vshard per row), same rows and header as v1.
+fn golden_v2_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/segment_v2.seg")
+}
+
+/// The golden rows with their vshards: what schema 1 recomputes from the
+/// record key, and what the v2 file stores.
+fn golden_rows_with_vshards() -> Vec<Row> {
+    golden_rows()
+        .into_iter()
+        .map(|mut r| {
+            r.vshard = stele_proto::vshard::vshard(&r.namespace, &r.key);
+            r
+        })
+        .collect()
 }
 
 fn golden_rows() -> Vec<Row> {
@@ -586,18 +610,24 @@ fn golden_opts() -> WriteOptions {
     }
 }
 
-/// Run once with `STELE_WRITE_GOLDEN=1 cargo test -p stele-node segment::tests::write_golden -- --ignored`,
-/// then commit the file and paste the printed id into `GOLDEN_ID`. Never regenerate
-/// a committed golden file: add `segment_v2.seg` for a new version instead.
+/// Wrote `segment_v2.seg` (row schema 2) once with
+/// `STELE_WRITE_GOLDEN=1 cargo test -p stele-node segment::tests::write_golden -- --ignored`;
+/// its id is `GOLDEN_V2_ID`. Never regenerate a committed golden file: point this
+/// at a new `segment_v3.seg` for a new version instead (v1 was written by row schema 1).
 #[test]
 #[ignore]
 fn write_golden() {
     if std::env::var_os("STELE_WRITE_GOLDEN").is_none() {
         return;
     }
-    let bytes = encode(&golden_header(), &golden_rows(), &golden_opts()).unwrap();
-    fs::create_dir_all(golden_path().parent().unwrap()).unwrap();
-    fs::write(golden_path(), &bytes).unwrap();
+    let bytes = encode(
+        &golden_header(),
+        &golden_rows_with_vshards(),
+        &golden_opts(),
+    )
+    .unwrap();
+    fs::create_dir_all(golden_v2_path().parent().unwrap()).unwrap();
+    fs::write(golden_v2_path(), &bytes).unwrap();
     println!("golden id {}", segment_id(&bytes));
 }
 
@@ -608,7 +638,8 @@ fn golden_v1_reads_forever() {
     assert_eq!(seg.header(), &golden_header());
     assert!(seg.block_count() > 1);
     seg.verify_all().unwrap();
-    let rows = golden_rows();
+    // Schema 1 stored no vshards: they are recomputed from the keys.
+    let rows = golden_rows_with_vshards();
     let mut read = seg.scan("acme/logs", b"", 0, u64::MAX).unwrap();
     read.extend(seg.scan("acme/metrics", b"", 0, u64::MAX).unwrap());
     read.extend(seg.scan("zeta/evidence", b"", 0, u64::MAX).unwrap());
@@ -628,6 +659,37 @@ fn golden_v1_reads_forever() {
 /// build different bytes and ids for the same seal: treat it as a format change.
 #[test]
 fn writer_reproduces_golden_bytes() {
-    let bytes = encode(&golden_header(), &golden_rows(), &golden_opts()).unwrap();
-    assert_eq!(bytes, fs::read(golden_path()).unwrap());
+    let bytes = encode(
+        &golden_header(),
+        &golden_rows_with_vshards(),
+        &golden_opts(),
+    )
+    .unwrap();
+    assert_eq!(bytes, fs::read(golden_v2_path()).unwrap());
+}
+
+#[test]
+fn golden_v2_reads_forever_with_its_vshards() {
+    let seg = SegmentReader::open(&golden_v2_path()).unwrap();
+    assert_eq!(seg.id(), GOLDEN_V2_ID);
+    assert_eq!(seg.header(), &golden_header());
+    seg.verify_all().unwrap();
+    let mut read = seg.scan("acme/logs", b"", 0, u64::MAX).unwrap();
+    read.extend(seg.scan("acme/metrics", b"", 0, u64::MAX).unwrap());
+    read.extend(seg.scan("zeta/evidence", b"", 0, u64::MAX).unwrap());
+    assert_eq!(read, golden_rows_with_vshards());
+}
+
+/// A row whose vshard differs from its key's (a routing key) keeps it.
+#[test]
+fn a_row_keeps_its_routing_vshard() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rows = golden_rows();
+    for (i, r) in rows.iter_mut().enumerate() {
+        r.vshard = 0x1234_0000 + i as u32 * 7;
+    }
+    let info = write(dir.path(), &golden_header(), &rows, &golden_opts()).unwrap();
+    let seg = SegmentReader::open(&dir.path().join(file_name(&info.id))).unwrap();
+    let read = seg.scan("acme/logs", b"", 0, u64::MAX).unwrap();
+    assert_eq!(read, rows[..3].to_vec());
 }

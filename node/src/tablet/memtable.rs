@@ -53,7 +53,8 @@ impl Memtable {
         if (index, slot) >= (latest.1, latest.2) {
             *latest = (ts, index, slot);
         }
-        self.rows.insert((namespace, key, ts, index, slot), (vshard, value));
+        self.rows
+            .insert((namespace, key, ts, index, slot), (vshard, value));
     }
 
     pub fn is_empty(&self) -> bool {

@@ -303,6 +303,17 @@ fn in_range(range: (u32, u64), row: &Row) -> bool {
     row.vshard >= range.0 && u64::from(row.vshard) < range.1
 }
 
+/// Names the tablet of the rows read from `seg`: its header's.
+fn from_segment(seg: &SegmentReader, rows: Vec<Row>) -> Vec<Row> {
+    let tablet = seg.header().tablet;
+    rows.into_iter()
+        .map(|mut r| {
+            r.tablet = tablet;
+            r
+        })
+        .collect()
+}
+
 /// Names the tablet of a memtable row (segment rows carry their header's).
 fn owned(tablet: u64, mut row: Row) -> Row {
     if row.tablet == 0 {
@@ -346,14 +357,19 @@ fn segment_latest(
     let Some(row) = seg.latest(namespace, key).map_err(crate::Error::from)? else {
         return Ok(None);
     };
-    if in_range(range, &row) {
-        return Ok(Some(row));
-    }
-    Ok(latest_of(
-        range,
-        seg.scan_key(namespace, key, 0, u64::MAX, None, usize::MAX)
-            .map_err(crate::Error::from)?,
-    ))
+    let row = if in_range(range, &row) {
+        Some(row)
+    } else {
+        latest_of(
+            range,
+            seg.scan_key(namespace, key, 0, u64::MAX, None, usize::MAX)
+                .map_err(crate::Error::from)?,
+        )
+    };
+    Ok(row.map(|mut r| {
+        r.tablet = seg.header().tablet;
+        r
+    }))
 }
 
 /// The read path without holding the tablet lock across segment reads.
@@ -391,10 +407,11 @@ impl Tablet {
             (rows, segments, d.applied_index(), self.range())
         };
         for seg in &segments {
-            rows.extend(
+            rows.extend(from_segment(
+                seg,
                 seg.scan(namespace, prefix, ts_from, ts_to)
                     .map_err(crate::Error::from)?,
-            );
+            ));
         }
         let mut rows: Vec<Row> = rows
             .into_iter()
@@ -443,10 +460,13 @@ impl Tablet {
             // A shared segment may hold rows of the other split half: read
             // past them so `limit` rows of this range come back.
             rows.extend(
-                seg.scan_key(namespace, key, ts_from, ts_to, after, usize::MAX)
-                    .map_err(crate::Error::from)?
-                    .into_iter()
-                    .filter(|r| in_range(range, r)),
+                from_segment(
+                    seg,
+                    seg.scan_key(namespace, key, ts_from, ts_to, after, usize::MAX)
+                        .map_err(crate::Error::from)?,
+                )
+                .into_iter()
+                .filter(|r| in_range(range, r)),
             );
         }
         let mut rows: Vec<Row> = rows.into_iter().map(|r| owned(self.id, r)).collect();

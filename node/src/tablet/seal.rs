@@ -225,8 +225,9 @@ fn split_child(
         let from = tablet.segment_dir.join(segment::file_name(&s.id));
         let to = dir.join(segment::file_name(&s.id));
         if from.exists() && !to.exists() {
-            std::fs::hard_link(&from, &to)
-                .map_err(|e| Error::io(format!("link {} to {}", from.display(), to.display()), e))?;
+            std::fs::hard_link(&from, &to).map_err(|e| {
+                Error::io(format!("link {} to {}", from.display(), to.display()), e)
+            })?;
         }
         segments.push(SegmentRef {
             origin: s.owner(tablet.id),
@@ -248,7 +249,10 @@ fn split_child(
         })
         .map(|(k, r)| {
             // Index 0: applied before anything of the child's own log.
-            let r = receipts::Receipt { index: 0, ..r.clone() };
+            let r = receipts::Receipt {
+                index: 0,
+                ..r.clone()
+            };
             ReceiptRow {
                 key: receipts::encode_key(k),
                 value: encode(&r),
@@ -386,6 +390,7 @@ mod tests {
             ts_min: 0,
             ts_max: 0,
             cold: None,
+            origin: 0,
         };
         let orphan = "fedcba9876543210fedcba9876543210";
         for name in [

@@ -496,7 +496,11 @@ impl RaftSnapshotBuilder<TabletConfig> for SnapshotBuilder {
             receipts,
             rows,
             range: Some(if at_checkpoint {
-                (data.published.lo, data.published.hi, data.published.generation)
+                (
+                    data.published.lo,
+                    data.published.hi,
+                    data.published.generation,
+                )
             } else {
                 let live = self.tablet.range_state();
                 (live.lo, live.hi, live.generation)
