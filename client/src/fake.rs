@@ -281,6 +281,7 @@ impl Data for FakeNode {
                 *ns == req.namespace
                     && r.key.starts_with(&req.key_prefix)
                     && ts_in(r.ts, req.ts_from, req.ts_to)
+                    && (req.tablet == 0 || r.position.is_some_and(|p| p.tablet == req.tablet))
             })
             .map(|(_, r)| r.clone())
             .collect();

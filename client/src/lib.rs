@@ -113,6 +113,10 @@ impl From<pb::ScanResponse> for ScanPage {
 /// leaves ample room.
 const DECODE_BYTES_MAX: usize = 16 << 20;
 
+/// How many times a tablet-by-tablet namespace scan starts over (a split
+/// or move under it) before it gives up.
+const SCAN_ROUNDS_MAX: u32 = 40;
+
 /// A record with no routing key.
 pub fn record(key: impl Into<Vec<u8>>, ts: u64, value: impl Into<Vec<u8>>) -> Record {
     Record {
@@ -809,6 +813,8 @@ impl Client {
             limit,
             cursor: cursor.unwrap_or_default(),
             read: Some(read),
+            tablet: 0,
+            generation: 0,
         };
         let (lo, _) = namespace_range(namespace);
         self.read(
@@ -867,25 +873,141 @@ impl Client {
         key_prefix: &[u8],
         read: ReadOptions,
     ) -> Result<Vec<Row>> {
-        let mut rows = Vec::new();
-        let mut cursor = None;
-        loop {
-            let page = self
-                .scan(
-                    namespace,
-                    ts_from,
-                    ts_to,
-                    key_prefix,
-                    self.inner.opts.page_records,
-                    cursor,
-                    read,
-                )
-                .await?;
-            rows.extend(page.rows);
-            match page.next_cursor {
-                Some(c) => cursor = Some(c),
-                None => return Ok(rows),
+        // Tablet by tablet, each from its own leader: the tablets of a
+        // split namespace need not share a leader (or a node). A tablet
+        // whose range changed under the scan (a split) answers StaleRoute,
+        // and the scan starts over on the new routes.
+        let (lo, hi) = namespace_range(namespace);
+        let started = Instant::now();
+        let mut last = None;
+        for round in 0..SCAN_ROUNDS_MAX {
+            if round > 0 {
+                tokio::time::sleep(Duration::from_millis(50 * u64::from(round.min(10)))).await;
             }
+            let routes: Vec<Route> = {
+                let table = self.inner.routes.read().expect("routes lock");
+                table
+                    .routes()
+                    .filter(|r| u64::from(r.lo) < hi && r.hi > u64::from(lo))
+                    .cloned()
+                    .collect()
+            };
+            let mut reached = u64::from(lo);
+            for r in &routes {
+                if u64::from(r.lo) <= reached {
+                    reached = reached.max(r.hi);
+                }
+            }
+            if reached < hi {
+                if let Err(e) = self.refresh_routes().await {
+                    last = Some(e);
+                }
+                continue;
+            }
+            let mut rows = Vec::new();
+            let mut restart = false;
+            for route in &routes {
+                match self
+                    .scan_tablet(namespace, route, ts_from, ts_to, key_prefix, read)
+                    .await
+                {
+                    Ok(r) => rows.extend(r),
+                    Err(e) if e.kind() == ErrorKind::Redirect => {
+                        last = Some(e);
+                        restart = true;
+                        break;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            if restart {
+                continue;
+            }
+            let order = |r: &Row| {
+                let p = r.position.unwrap_or_default();
+                (r.ts, r.key.clone(), p.tablet, p.index, p.slot)
+            };
+            rows.sort_by_key(order);
+            return Ok(rows);
+        }
+        Err(give_up(
+            last.unwrap_or(Error::NoRoute { vshard: lo }),
+            SCAN_ROUNDS_MAX,
+            started,
+        ))
+    }
+
+    /// Every row of one tablet's part of a namespace, page by page from
+    /// its leader, at the route's generation. A redirect-kind error other
+    /// than `NotLeader` (the tablet split or moved away) is returned for
+    /// the caller to start over; `NotLeader` and unavailability are retried.
+    async fn scan_tablet(
+        &self,
+        namespace: &str,
+        route: &Route,
+        ts_from: u64,
+        ts_to: u64,
+        key_prefix: &[u8],
+        read: ReadOptions,
+    ) -> Result<Vec<Row>> {
+        let policy = &self.inner.opts.retry;
+        let mut rows = Vec::new();
+        let mut cursor = Vec::new();
+        loop {
+            let req = pb::ScanRequest {
+                namespace: namespace.to_string(),
+                ts_from,
+                ts_to,
+                key_prefix: key_prefix.to_vec(),
+                limit: self.inner.opts.page_records,
+                cursor: cursor.clone(),
+                read: Some(read),
+                tablet: route.tablet,
+                generation: route.generation,
+            };
+            let started = Instant::now();
+            let (mut attempt, mut redirects) = (0u32, 0u32);
+            let page = loop {
+                let endpoint = {
+                    let table = self.inner.routes.read().expect("routes lock");
+                    match table.get(route.tablet) {
+                        Some(r) => self.endpoint_of(r).to_string(),
+                        None => self.inner.seed.clone(),
+                    }
+                };
+                let err = match self.data(&endpoint) {
+                    Ok(mut c) => match self.timed(&endpoint, c.scan(req.clone())).await {
+                        Ok(page) => break page,
+                        Err(e) => e,
+                    },
+                    Err(e) => e,
+                };
+                let not_leader = matches!(err.api(), Some(stele_proto::Error::NotLeader { .. }));
+                if err.kind() == ErrorKind::Redirect && !not_leader {
+                    self.fix_routes(&err, Some(route.tablet)).await;
+                    return Err(err);
+                }
+                attempt += 1;
+                if not_leader {
+                    redirects += 1;
+                }
+                match policy.decide(err.kind(), attempt, redirects, started.elapsed(), jitter()) {
+                    retry::Decision::GiveUp => return Err(give_up(err, attempt, started)),
+                    retry::Decision::Backoff(wait) => {
+                        self.after_unreachable(&err, Some(route.tablet)).await;
+                        tokio::time::sleep(wait).await
+                    }
+                    retry::Decision::Redirect(wait) => {
+                        self.fix_routes(&err, Some(route.tablet)).await;
+                        tokio::time::sleep(wait).await;
+                    }
+                }
+            };
+            rows.extend(page.rows);
+            if page.next_cursor.is_empty() {
+                return Ok(rows);
+            }
+            cursor = page.next_cursor;
         }
     }
 

@@ -270,15 +270,15 @@ impl CellState {
         }
         if t.intent != 0 {
             return Some(format!(
-                "tablet {tablet} is busy with intent {} (a move, transfer or split)",
+                "tablet {tablet} has intent {} in progress (a move, transfer or split)",
                 t.intent
             ));
         }
         if t.leaving.is_some() {
             return Some(format!("tablet {tablet} is mid-move"));
         }
-        if t.voters.is_empty() || t.initializer.is_some() {
-            return Some(format!("tablet {tablet} has not started yet"));
+        if t.voters.is_empty() {
+            return Some(format!("tablet {tablet} is not placed yet"));
         }
         None
     }

@@ -459,15 +459,31 @@ impl DataService {
         let cursor: Option<ScanCursor> = decode_cursor(&req.cursor)?;
         let limit = limit_of(req.limit);
         let (lo, hi) = vshard::namespace_range(&req.namespace);
-        let covering: Vec<Arc<Replica>> = self
-            .node
-            .replicas()
-            .into_iter()
-            .filter(|r| {
-                let (tlo, thi) = r.tablet.range();
-                u64::from(tlo) < hi && thi > u64::from(lo)
-            })
-            .collect();
+        let overlaps = |r: &Replica| {
+            let (tlo, thi) = r.tablet.range();
+            u64::from(tlo) < hi && thi > u64::from(lo)
+        };
+        let covering: Vec<Arc<Replica>> = if req.tablet != 0 {
+            let r = self.replica(req.tablet)?;
+            let g = r.tablet.generation();
+            let stale = if self.node.options.controlled {
+                req.generation < g
+            } else {
+                req.generation != g
+            };
+            if stale {
+                return Err(ApiError::StaleRoute {
+                    descriptor: descriptor(&self.node, &r),
+                });
+            }
+            if overlaps(&r) { vec![r] } else { Vec::new() }
+        } else {
+            self.node
+                .replicas()
+                .into_iter()
+                .filter(|r| overlaps(r))
+                .collect()
+        };
         let partial = req.read.as_ref().is_some_and(|r| r.partial);
         // The local replicas must cover the whole namespace: between a
         // split and the opening of its child here, half of it is nowhere,
@@ -480,7 +496,7 @@ impl DataService {
                 reached = reached.max(thi);
             }
         }
-        if reached < hi && !partial {
+        if reached < hi && !partial && req.tablet == 0 {
             return Err(ApiError::Incomplete { missing: vec![] });
         }
         let mut missing = Vec::new();
