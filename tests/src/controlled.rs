@@ -247,6 +247,9 @@ pub struct Writer {
     stop: Arc<AtomicBool>,
     pub acked: Arc<Mutex<Vec<String>>>,
     pub indeterminate: Arc<Mutex<Vec<String>>>,
+    /// The longest single append (with the client's retries) since the
+    /// last [`Writer::take_longest`]: the write stall a client saw.
+    longest: Arc<Mutex<Duration>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     pub namespace: String,
 }
@@ -256,13 +259,15 @@ impl Writer {
         let stop = Arc::new(AtomicBool::new(false));
         let acked = Arc::new(Mutex::new(Vec::new()));
         let indeterminate = Arc::new(Mutex::new(Vec::new()));
+        let longest = Arc::new(Mutex::new(Duration::ZERO));
         let mut tasks = Vec::new();
         for w in 0..workers {
-            let (stop, acked, ind, client) = (
+            let (stop, acked, ind, client, longest) = (
                 stop.clone(),
                 acked.clone(),
                 indeterminate.clone(),
                 client.clone(),
+                longest.clone(),
             );
             let ns = namespace.to_string();
             tasks.push(tokio::spawn(async move {
@@ -274,7 +279,13 @@ impl Writer {
                         i + 1,
                         v.clone().into_bytes(),
                     );
-                    match client.append(&ns, vec![rec]).await {
+                    let sent = Instant::now();
+                    let result = client.append(&ns, vec![rec]).await;
+                    {
+                        let mut l = longest.lock().unwrap();
+                        *l = (*l).max(sent.elapsed());
+                    }
+                    match result {
                         Ok(_) => acked.lock().unwrap().push(v),
                         Err(e) => {
                             if ind.lock().unwrap().len() < 3 {
@@ -292,9 +303,15 @@ impl Writer {
             stop,
             acked,
             indeterminate,
+            longest,
             tasks,
             namespace: namespace.into(),
         }
+    }
+
+    /// The longest append since the last call, and starts over.
+    pub fn take_longest(&self) -> Duration {
+        std::mem::take(&mut *self.longest.lock().unwrap())
     }
 
     pub fn acked_count(&self) -> usize {

@@ -125,6 +125,7 @@ async fn five_splits_under_writes_with_a_leader_killed_lose_and_double_nothing()
         let (id, lo, hi) = tablet_at(&cell, at);
         assert!(lo < at && u64::from(at) < hi);
         let before = writer.acked_count();
+        writer.take_longest();
         let started = Instant::now();
         if n == 2 {
             // Kill the tablet's leader right after the intent is recorded.
@@ -166,9 +167,10 @@ async fn five_splits_under_writes_with_a_leader_killed_lose_and_double_nothing()
             assert!(Instant::now() < deadline, "writes stalled after split {n}");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        stalls.push(took);
+        // The intent is done once the controller published both halves.
+        stalls.push((took, writer.take_longest()));
     }
-    eprintln!("split command to done: {stalls:?}");
+    eprintln!("split command to route published, longest append meanwhile: {stalls:?}");
     assert_eq!(cell.tablets().len(), 6);
     cell.wait_settled(Duration::from_secs(60));
     for t in cell.tablets() {
