@@ -183,8 +183,13 @@ fn main() -> std::process::ExitCode {
                     ),
                     ("partition", vec![Nemesis::Partition], false, false, 13),
                     (
-                        "churn+kill+kill-controller",
-                        vec![Nemesis::Churn, Nemesis::Kill, Nemesis::KillController],
+                        "churn+split+kill+kill-controller",
+                        vec![
+                            Nemesis::Churn,
+                            Nemesis::Split,
+                            Nemesis::Kill,
+                            Nemesis::KillController,
+                        ],
                         false,
                         true,
                         15,

@@ -92,6 +92,10 @@ pub enum Nemesis {
     /// tablet (its leader's, half the time) to the node without one, or
     /// hand its leadership to another voter.
     Churn,
+    /// Split (controlled cells): split a tablet of the workload's
+    /// namespace at a random vshard inside it, under the workload (at most
+    /// eight tablets per namespace).
+    Split,
 }
 
 impl std::str::FromStr for Nemesis {
@@ -110,6 +114,7 @@ impl std::str::FromStr for Nemesis {
             "fsync-fail" => Nemesis::FsyncFail,
             "clock" => Nemesis::Clock,
             "churn" => Nemesis::Churn,
+            "split" => Nemesis::Split,
             other => return Err(format!("unknown nemesis {other:?}")),
         })
     }
@@ -644,8 +649,14 @@ async fn nemesis(
                 }
                 "loss-30%"
             }
-            Nemesis::Churn => {
-                let done = tokio::task::block_in_place(|| churn(cell, ns_lo, &mut rng));
+            Nemesis::Churn | Nemesis::Split => {
+                let done = tokio::task::block_in_place(|| {
+                    if which == Nemesis::Split {
+                        split(cell, namespace, &mut rng)
+                    } else {
+                        churn(cell, ns_lo, &mut rng)
+                    }
+                });
                 log.push(NemesisEvent {
                     time_ns: rec.now(),
                     action: done,
@@ -673,6 +684,46 @@ async fn nemesis(
         tokio::time::sleep(Duration::from_millis(rng.random_range(t..3 * t))).await;
     }
     Ok(faults)
+}
+
+/// One split of a tablet of the workload's namespace; what was done.
+fn split(cell: &Cell, namespace: &str, rng: &mut StdRng) -> String {
+    let (ns_lo, ns_hi) = stele_proto::vshard::namespace_range(namespace);
+    let tablets = match cell.operator(&["tablet", "list"]) {
+        Ok(serde_json::Value::Array(ts)) => ts,
+        other => return format!("split: tablet list failed: {other:?}"),
+    };
+    let ranges: Vec<(u64, u64, u64)> = tablets
+        .iter()
+        .map(|t| {
+            (
+                t["id"].as_u64().unwrap_or(0),
+                t["vshard_lo"].as_u64().unwrap_or(0),
+                t["vshard_hi"].as_u64().unwrap_or(0),
+            )
+        })
+        .filter(|(_, lo, hi)| *lo < ns_hi && *hi > u64::from(ns_lo))
+        .collect();
+    if ranges.len() >= 8 {
+        return "split: the namespace has eight tablets already".into();
+    }
+    // A random point of the namespace, then a cut inside its tablet's part
+    // of the namespace.
+    let v = rng.random_range(u64::from(ns_lo)..ns_hi);
+    let Some((id, lo, hi)) = ranges.into_iter().find(|(_, lo, hi)| *lo <= v && v < *hi) else {
+        return "split: no tablet holds the namespace".into();
+    };
+    let (start, end) = ((lo + 1).max(u64::from(ns_lo)), hi.min(ns_hi));
+    if start >= end {
+        return "split: range too small".into();
+    }
+    let at = rng.random_range(start..end);
+    let (id, at) = (id.to_string(), at.to_string());
+    let args = ["tablet", "split", &id, "--at", &at, "--wait"];
+    match cell.operator(&args) {
+        Ok(v) => format!("split: {} -> {}", args.join(" "), v["state"]),
+        Err(e) => format!("split: {} refused: {e}", args.join(" ")),
+    }
 }
 
 /// One membership change of the workload's tablet; what was done.

@@ -129,6 +129,10 @@ struct KeyCursor {
     ts: u64,
     index: u64,
     slot: u32,
+    /// The row's position tablet (its parent's, for a row a split child
+    /// shares). Absent in cursors from before splits.
+    #[serde(default)]
+    tablet: u64,
 }
 
 fn decode_cursor<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<Option<T>, ApiError> {
@@ -149,6 +153,19 @@ impl DataService {
         self.node
             .replica(tablet)
             .ok_or(ApiError::TabletNotFound { tablet })
+    }
+
+    /// Whether `replicas`' live ranges cover the vshards `[lo, hi)`.
+    fn covers(replicas: &[Arc<Replica>], lo: u32, hi: u64) -> bool {
+        let mut ranges: Vec<(u32, u64)> = replicas.iter().map(|r| r.tablet.range()).collect();
+        ranges.sort_unstable();
+        let mut reached = u64::from(lo);
+        for (tlo, thi) in ranges {
+            if u64::from(tlo) <= reached {
+                reached = reached.max(thi);
+            }
+        }
+        reached >= hi
     }
 
     fn not_leader(&self, r: &Replica) -> ApiError {
@@ -377,10 +394,29 @@ impl DataService {
             .ok_or(ApiError::Incomplete { missing: vec![] })
     }
 
+    /// After a read of `r` for vshard `v`: the read counts only if `v` was
+    /// still in the replica's range, else a split moved it away while the
+    /// read waited (the rows it filtered out now belong to the child), and
+    /// the client must route again. Ranges only shrink, so still holding
+    /// `v` now means it held it when the rows were read.
+    fn still_holds(&self, r: &Replica, v: u32) -> Result<(), ApiError> {
+        if r.tablet.contains(v) {
+            Ok(())
+        } else {
+            Err(ApiError::StaleRoute {
+                descriptor: descriptor(&self.node, r),
+            })
+        }
+    }
+
     async fn get(&self, req: pb::GetRequest) -> Result<pb::GetResponse, ApiError> {
         limits::validate_namespace(&req.namespace)?;
         self.node.check_namespace(&req.namespace).await?;
         let r = self.key_replica(&req.namespace, &req.key, &req.routing_key)?;
+        let v = vshard::vshard(
+            &req.namespace,
+            req.routing_key.as_deref().unwrap_or(&req.key),
+        );
         self.read_barrier(&r, &req.read).await?;
         let tablet = r.tablet.clone();
         let ((row, watermark), cold) = tokio::task::spawn_blocking(move || {
@@ -393,6 +429,7 @@ impl DataService {
             reason: e.to_string(),
         })?
         .map_err(read_error)?;
+        self.still_holds(&r, v)?;
         Ok(pb::GetResponse {
             row: row.map(|row| row_to_pb(r.tablet.id, row)),
             watermark,
@@ -405,12 +442,16 @@ impl DataService {
         limits::validate_namespace(&req.namespace)?;
         self.node.check_namespace(&req.namespace).await?;
         let r = self.key_replica(&req.namespace, &req.key, &req.routing_key)?;
+        let v = vshard::vshard(
+            &req.namespace,
+            req.routing_key.as_deref().unwrap_or(&req.key),
+        );
         let cursor: Option<KeyCursor> = decode_cursor(&req.cursor)?;
         self.read_barrier(&r, &req.read).await?;
         let limit = limit_of(req.limit);
         let tablet = r.tablet.clone();
         let ts_to = ts_to_of(req.ts_to);
-        let after = cursor.map(|c| (c.ts, c.index, c.slot));
+        let after = cursor.map(|c| (c.ts, c.tablet, c.index, c.slot));
         let ((rows, watermark), cold) = tokio::task::spawn_blocking(move || {
             let (rows, cold) = crate::tier::cold::counted(|| {
                 tablet.scan_key_unlocked(
@@ -429,6 +470,7 @@ impl DataService {
             reason: e.to_string(),
         })?
         .map_err(read_error)?;
+        self.still_holds(&r, v)?;
         let take = rows_within_budget(rows.iter()).min(limit);
         let more = rows.len() > take;
         let rows: Vec<Row> = rows.into_iter().take(take).collect();
@@ -437,6 +479,7 @@ impl DataService {
                 ts: last.ts,
                 index: last.index,
                 slot: last.slot,
+                tablet: crate::tablet::pos_of(r.tablet.id, last).tablet,
             }),
             _ => Vec::new(),
         };
@@ -488,17 +531,11 @@ impl DataService {
         // The local replicas must cover the whole namespace: between a
         // split and the opening of its child here, half of it is nowhere,
         // and a scan must not pass that off as empty.
-        let mut ranges: Vec<(u32, u64)> = covering.iter().map(|r| r.tablet.range()).collect();
-        ranges.sort_unstable();
-        let mut reached = u64::from(lo);
-        for (tlo, thi) in ranges {
-            if u64::from(tlo) <= reached {
-                reached = reached.max(thi);
-            }
-        }
-        if reached < hi && !partial && req.tablet == 0 {
+        if !partial && req.tablet == 0 && !Self::covers(&covering, lo, hi) {
             return Err(ApiError::Incomplete { missing: vec![] });
         }
+        let read_generation = covering.first().map_or(0, |r| r.tablet.generation());
+        let read_set = covering.clone();
         let mut missing = Vec::new();
         let mut all: Vec<(u64, Row)> = Vec::new();
         let mut watermark = u64::MAX;
@@ -530,7 +567,13 @@ impl DataService {
                     cold.fetched += read.fetched;
                     cold.cached += read.cached;
                     watermark = watermark.min(applied);
-                    all.extend(rows.into_iter().map(|row| (r.tablet.id, row)));
+                    // Each row under its position's tablet (a split child's
+                    // shared rows keep the parent's): the order and the
+                    // cursor are by position, whoever serves the row.
+                    all.extend(
+                        rows.into_iter()
+                            .map(|row| (crate::tablet::pos_of(r.tablet.id, &row).tablet, row)),
+                    );
                 }
                 Err(e) if partial => {
                     tracing::warn!(tablet = r.tablet.id, error = %e, "scan: tablet unreadable");
@@ -538,6 +581,20 @@ impl DataService {
                 }
                 Err(e) => return Err(read_error(e)),
             }
+        }
+        // A split under the read moved rows out of what was read: a
+        // tablet-routed scan must start over at the new generation, and a
+        // node-local one must still cover the namespace.
+        if req.tablet != 0
+            && let Some(r) = self.node.replica(req.tablet)
+            && r.tablet.generation() != read_generation
+        {
+            return Err(ApiError::StaleRoute {
+                descriptor: descriptor(&self.node, &r),
+            });
+        }
+        if req.tablet == 0 && !partial && !Self::covers(&read_set, lo, hi) {
+            return Err(ApiError::Incomplete { missing: vec![] });
         }
         all.sort_by(|a, b| {
             (a.1.ts, &a.1.key, a.0, a.1.index, a.1.slot)

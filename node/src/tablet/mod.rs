@@ -303,6 +303,19 @@ fn in_range(range: (u32, u64), row: &Row) -> bool {
     row.vshard >= range.0 && u64::from(row.vshard) < range.1
 }
 
+/// A key-scan cursor `(ts, tablet, index, slot)` in the terms of a source
+/// whose rows all belong to tablet `origin` (strictly after `(ts, index,
+/// slot)`): a source of an earlier tablet than the cursor's resumes past
+/// the cursor's ts, one of a later tablet at it (log indices start at 1).
+fn source_cursor(origin: u64, after: Option<(u64, u64, u64, u32)>) -> Option<(u64, u64, u32)> {
+    let (ts, tablet, index, slot) = after?;
+    Some(match origin.cmp(&tablet) {
+        std::cmp::Ordering::Less => (ts, u64::MAX, u32::MAX),
+        std::cmp::Ordering::Equal => (ts, index, slot),
+        std::cmp::Ordering::Greater => (ts, 0, 0),
+    })
+}
+
 /// Names the tablet of the rows read from `seg`: its header's.
 fn from_segment(seg: &SegmentReader, rows: Vec<Row>) -> Vec<Row> {
     let tablet = seg.header().tablet;
@@ -418,32 +431,46 @@ impl Tablet {
             .filter(|r| in_range(range, r))
             .map(|r| owned(self.id, r))
             .collect();
-        rows.sort_by(|a, b| (a.ts, &a.key, a.index, a.slot).cmp(&(b.ts, &b.key, b.index, b.slot)));
+        rows.sort_by(|a, b| {
+            (a.ts, &a.key, a.tablet, a.index, a.slot).cmp(&(b.ts, &b.key, b.tablet, b.index, b.slot))
+        });
         Ok((rows, applied))
     }
 
-    /// Rows of one key in `[ts_from, ts_to)` after the cursor, ascending by
-    /// `(ts, index, slot)`, at most `limit`, and the applied index.
+    /// Rows of one key in `[ts_from, ts_to)` strictly after the cursor
+    /// `(ts, tablet, index, slot)`, ascending by `(ts, position)`, at most
+    /// `limit`, and the applied index. Positions order by tablet first: a
+    /// key's rows from before a split (the parent's) come before the
+    /// child's, whose ids are larger, whatever their log indices.
     pub fn scan_key_unlocked(
         &self,
         namespace: &str,
         key: &[u8],
         ts_from: u64,
         ts_to: u64,
-        after: Option<(u64, u64, u32)>,
+        after: Option<(u64, u64, u64, u32)>,
         limit: usize,
     ) -> Result<(Vec<Row>, u64)> {
+        // Each source orders its rows by (ts, index, slot) under one
+        // tablet: the cursor in its terms, and its first `limit` rows,
+        // unless some of them may lie outside the range (a frozen memtable
+        // or segment from before a split), which are read to the end.
+        let cut = |origin: u64| source_cursor(origin, after);
         let (rows, segments, applied, range) = {
             let d = self.read();
             let range = self.range();
             let mut rows = d
                 .memtable
-                .scan_key(namespace, key, ts_from, ts_to, after, usize::MAX);
+                .scan_key(namespace, key, ts_from, ts_to, cut(self.id), limit);
             for f in &d.frozen {
-                rows.extend(
-                    f.memtable
-                        .scan_key(namespace, key, ts_from, ts_to, after, usize::MAX),
-                );
+                rows.extend(f.memtable.scan_key(
+                    namespace,
+                    key,
+                    ts_from,
+                    ts_to,
+                    cut(self.id),
+                    usize::MAX,
+                ));
             }
             let segments = d
                 .segments
@@ -459,18 +486,26 @@ impl Tablet {
             }
             // A shared segment may hold rows of the other split half: read
             // past them so `limit` rows of this range come back.
+            let h = seg.header();
+            let whole = h.vshard_lo >= range.0 && h.vshard_hi <= range.1;
+            let n = if whole { limit } else { usize::MAX };
             rows.extend(
                 from_segment(
                     seg,
-                    seg.scan_key(namespace, key, ts_from, ts_to, after, usize::MAX)
+                    seg.scan_key(namespace, key, ts_from, ts_to, cut(h.tablet), n)
                         .map_err(crate::Error::from)?,
                 )
                 .into_iter()
                 .filter(|r| in_range(range, r)),
             );
         }
-        let mut rows: Vec<Row> = rows.into_iter().map(|r| owned(self.id, r)).collect();
-        rows.sort_by_key(|r| (r.ts, r.index, r.slot));
+        let order = |r: &Row| (r.ts, r.tablet, r.index, r.slot);
+        let mut rows: Vec<Row> = rows
+            .into_iter()
+            .map(|r| owned(self.id, r))
+            .filter(|r| after.is_none_or(|a| order(r) > a))
+            .collect();
+        rows.sort_by_key(order);
         rows.truncate(limit);
         Ok((rows, applied))
     }
