@@ -223,14 +223,15 @@ impl Catalog {
     }
 
     /// [`Catalog::publish`], and in the same transaction a split child's
-    /// record and receipts, unless the catalog holds that tablet already.
+    /// record, receipts and Raft purge point, unless the catalog holds that
+    /// tablet already.
     /// Returns whether the child was created.
     pub fn publish_split(
         &self,
         record: &TabletRecord,
         add_receipts: &[ReceiptRow],
         drop_receipts: &[Vec<u8>],
-        child: Option<(&TabletRecord, &[ReceiptRow])>,
+        child: Option<(&TabletRecord, &[ReceiptRow], &[u8])>,
     ) -> Result<bool> {
         let err = self.err();
         let txn = self.db.begin_write().map_err(|e| err(e.into()))?;
@@ -251,7 +252,7 @@ impl Catalog {
                     .insert((record.id, row.key.as_slice()), row.value.as_slice())
                     .map_err(|e| err(e.into()))?;
             }
-            if let Some((child, rows)) = child {
+            if let Some((child, rows, purged)) = child {
                 let exists = tablets.get(child.id).map_err(|e| err(e.into()))?.is_some();
                 if !exists {
                     tablets
@@ -262,6 +263,9 @@ impl Catalog {
                             .insert((child.id, row.key.as_slice()), row.value.as_slice())
                             .map_err(|e| err(e.into()))?;
                     }
+                    let mut raft = txn.open_table(RAFT).map_err(|e| err(e.into()))?;
+                    raft.insert((child.id, "purged"), purged)
+                        .map_err(|e| err(e.into()))?;
                     created = true;
                 }
             }

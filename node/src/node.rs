@@ -407,9 +407,7 @@ impl Node {
             // Exactly one replica initializes a new group: the one on the
             // lowest node id of the cell (static cells; the controller
             // names the initializer of its tablets).
-            if !record.init_voters.is_empty() {
-                initialize_split_child(&raft, record).await?;
-            } else if fresh && !options.controlled && options.node_id == first_node {
+            if fresh && !options.controlled && options.node_id == first_node {
                 let members: BTreeMap<u64, BasicNode> = options
                     .cell_nodes
                     .iter()
@@ -631,8 +629,7 @@ impl Node {
     }
 
     /// Opens a replica whose catalog record exists but that has no journal
-    /// frames yet (a split child), creating its group with the record's
-    /// `init_voters`. Called with the lifecycle lock held.
+    /// frames yet (a split child). Called with the lifecycle lock held.
     async fn open_created(&self, record: TabletRecord) -> Result<Arc<Replica>> {
         let dir = self
             .options
@@ -649,7 +646,12 @@ impl Node {
         let log = LogStore::create(record.id, self.journal.clone(), self.catalog.clone()).await?;
         let sm = StateMachine::new(tablet.clone(), self.seal_tx.clone());
         let raft = (self.raft_factory)(record.id, record.replica_id, log.clone(), sm).await?;
-        initialize_split_child(&raft, &record).await?;
+        // The child's group exists from its first state on (a membership
+        // applied at index 0): the replica on the node that proposed the
+        // split campaigns at once, the others wait for it, or time out.
+        if record.init_voters.first() == Some(&record.replica_id) {
+            let _ = raft.trigger().elect(true).await;
+        }
         let replica = Arc::new(Replica {
             tablet,
             raft,
@@ -921,59 +923,6 @@ impl Peers for NoTransport {
     > {
         match *self {}
     }
-}
-
-/// Creates a split child's group with the voters the split named. The
-/// first of them (the parent leader's node, which proposed the split)
-/// does so at once and campaigns; the others wait to hear from it and,
-/// only if they have not after [`SPLIT_CHILD_INIT_WAIT`], create the
-/// group themselves with the same voters (openraft allows identical
-/// configurations on several nodes), so a child never waits on one node.
-async fn initialize_split_child(raft: &TabletRaft, record: &TabletRecord) -> Result<()> {
-    if record.init_voters.first() != Some(&record.replica_id) && !record.init_voters.is_empty() {
-        let (raft, record) = (raft.clone(), record.clone());
-        tokio::spawn(async move {
-            tokio::time::sleep(SPLIT_CHILD_INIT_WAIT).await;
-            if let Err(e) = initialize_split_child_now(&raft, &record).await {
-                tracing::warn!(tablet = record.id, error = %e, "split child not initialized");
-            }
-        });
-        return Ok(());
-    }
-    initialize_split_child_now(raft, record).await
-}
-
-/// How long a split child's replica other than the first waits for the
-/// first to create the group.
-const SPLIT_CHILD_INIT_WAIT: Duration = Duration::from_secs(5);
-
-async fn initialize_split_child_now(raft: &TabletRaft, record: &TabletRecord) -> Result<()> {
-    if record.init_voters.is_empty()
-        || raft
-            .is_initialized()
-            .await
-            .map_err(|e| Error::Config(format!("tablet {} raft: {e}", record.id)))?
-    {
-        return Ok(());
-    }
-    let members: BTreeMap<u64, BasicNode> = record
-        .init_voters
-        .iter()
-        .map(|r| (*r, BasicNode::default()))
-        .collect();
-    match raft.initialize(members).await {
-        Ok(()) => {}
-        // Another path initialized it in the meantime: fine.
-        Err(openraft::error::RaftError::APIError(_)) => {}
-        Err(e) => {
-            return Err(Error::Config(format!(
-                "initialize split child {}: {e}",
-                record.id
-            )));
-        }
-    }
-    let _ = raft.trigger().elect(true).await;
-    Ok(())
 }
 
 /// Creates the tablets of a new cell on this node: `n` even vshard ranges.

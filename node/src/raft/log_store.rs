@@ -174,7 +174,14 @@ impl LogStore {
             payload: Bytes::new(),
         };
         journal.append(vec![frame]).await?;
-        Ok(LogStore::new(tablet, journal, catalog))
+        // A split child's catalog rows start it purged at index 0.
+        let last_purged = match catalog.get_raft(tablet, PURGED)? {
+            Some(b) => decode("purged log id", &b)?,
+            None => None,
+        };
+        let store = LogStore::new(tablet, journal, catalog);
+        store.lock().last_purged = last_purged;
+        Ok(store)
     }
 
     /// A new, empty log for a tablet that has none.

@@ -139,6 +139,22 @@ pub fn restored_state(replica: u64, checkpoint: u64) -> (Vec<u8>, Vec<u8>) {
     (encode(&(Some(log_id), stored)), encode(&Some(log_id)))
 }
 
+/// The durable Raft state a split child starts from, the same on every
+/// replica the split creates: as if its group had applied a membership of
+/// `voters` at log index 0 and purged it. So the group needs no
+/// `initialize`, and a replica that joins later with nothing (an
+/// assignment, a move) cannot be sent the log from its start, which does
+/// not hold the rows the child began with: it gets a snapshot, which does.
+pub fn split_child_state(voters: &[u64]) -> (Vec<u8>, Vec<u8>) {
+    use openraft::vote::RaftLeaderIdExt;
+    let leader = <TabletConfig as openraft::RaftTypeConfig>::LeaderId::new_committed(0, 0);
+    let log_id = LogId::new(leader, 0);
+    let set: std::collections::BTreeSet<u64> = voters.iter().copied().collect();
+    let membership = openraft::Membership::new_with_defaults(vec![set], []);
+    let stored = StoredMembership::new(Some(log_id), membership);
+    (encode(&(Some(log_id), stored)), encode(&Some(log_id)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

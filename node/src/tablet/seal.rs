@@ -152,18 +152,25 @@ fn commit(
         Some(split) => split_child(tablet, data, &record, split, plan.seal_index)?,
         None => None,
     };
+    let purged = child
+        .as_ref()
+        .map(|(c, _, _)| crate::raft::split_child_state(&c.init_voters).1)
+        .unwrap_or_default();
     let created = tablet.catalog.publish_split(
         &record,
         &plan.add_receipts,
         &drops,
-        child.as_ref().map(|(r, rows, _)| (r, rows.as_slice())),
+        child
+            .as_ref()
+            .map(|(r, rows, _)| (r, rows.as_slice(), purged.as_slice())),
     )?;
     let child = match child {
-        Some((child, _, dir)) if !created => {
-            // The child exists here already (made from an assignment):
-            // the links made for it are not its files.
-            for s in &child.segments {
-                let _ = std::fs::remove_file(dir.join(segment::file_name(&s.id)));
+        Some((_, _, links)) if !created => {
+            // The child appeared here meanwhile (from an assignment): the
+            // links this split made are not its files; files it had are
+            // untouched.
+            for link in links {
+                let _ = std::fs::remove_file(link);
             }
             None
         }
@@ -189,8 +196,9 @@ fn commit(
 /// node, with its segment files hard-linked into its own directory: every
 /// segment the parent has published (the split's own seal included), as a
 /// shared reference, and every receipt applied up to the split that
-/// touches the child's range. `None` when this node holds no replica of
-/// the child.
+/// touches the child's range; and the links it made. `None` when this node
+/// holds no replica of the child, or holds one already (an assignment made
+/// it while this replica lagged behind the split).
 #[allow(clippy::type_complexity)]
 fn split_child(
     tablet: &Tablet,
@@ -198,7 +206,10 @@ fn split_child(
     parent: &TabletRecord,
     split: &super::SplitChild,
     split_index: u64,
-) -> Result<Option<(TabletRecord, Vec<ReceiptRow>, std::path::PathBuf)>> {
+) -> Result<Option<(TabletRecord, Vec<ReceiptRow>, Vec<std::path::PathBuf>)>> {
+    if tablet.catalog.tablet(split.child)?.is_some() {
+        return Ok(None);
+    }
     let node = crate::raft::router::node_of(tablet.replica_id);
     let Some(replica_id) = split
         .replicas
@@ -221,6 +232,7 @@ fn split_child(
     crate::fsutil::create_dir_durable(&dir)
         .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
     let mut segments = Vec::with_capacity(parent.segments.len());
+    let mut links = Vec::new();
     for s in &parent.segments {
         let from = tablet.segment_dir.join(segment::file_name(&s.id));
         let to = dir.join(segment::file_name(&s.id));
@@ -228,6 +240,7 @@ fn split_child(
             std::fs::hard_link(&from, &to).map_err(|e| {
                 Error::io(format!("link {} to {}", from.display(), to.display()), e)
             })?;
+            links.push(to);
         }
         segments.push(SegmentRef {
             origin: s.owner(tablet.id),
@@ -267,12 +280,12 @@ fn split_child(
         vshard_hi: split.hi,
         generation: split.generation,
         checkpoint: 0,
-        applied_state: Vec::new(),
+        applied_state: crate::raft::split_child_state(&split.replicas).0,
         segments,
         replica_id,
         init_voters: split.replicas.clone(),
     };
-    Ok(Some((record, receipts, dir)))
+    Ok(Some((record, receipts, links)))
 }
 
 /// Puts the rows of the oldest frozen memtable back: into the next frozen
