@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use stele_client::{Client, ReadOptions};
 use stele_proto::vshard::{namespace_range, vshard};
-use stele_tests::cell::client_options;
+use stele_tests::cell::{client_options, try_local_rows, value_counts};
 use stele_tests::controlled::{ControlledCell, Writer, voter_nodes};
 
 const NS: &str = "split/ns";
@@ -207,6 +207,35 @@ async fn five_splits_under_writes_with_a_leader_killed_lose_and_double_nothing()
         .extend([key_hi.clone(), key_lo.clone()]);
     let n = writer.stop_and_check(&client).await;
     check_by_key(&client, &acked).await;
+
+    // Every node's own replicas converge on the same records, each once:
+    // a replica that joined a child with nothing (the restarted node's,
+    // from an assignment) holds the rows the child began with too.
+    let all = client
+        .scan_all(NS, 0, 0, b"", ReadOptions::default())
+        .await
+        .unwrap();
+    let want = value_counts(&all);
+    assert!(want.values().all(|n| *n == 1));
+    for node in 1..=3 {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let got = try_local_rows(&cell.node_endpoint(node), NS).await;
+            if let Ok(rows) = &got
+                && value_counts(rows) == want
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {node} never converged: {} rows (want {}): {:?}",
+                got.as_ref().map_or(0, |r| r.len()),
+                all.len(),
+                got.err()
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
     eprintln!("{n} acknowledged appends checked across 5 splits");
 }
 

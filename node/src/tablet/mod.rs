@@ -432,7 +432,8 @@ impl Tablet {
             .map(|r| owned(self.id, r))
             .collect();
         rows.sort_by(|a, b| {
-            (a.ts, &a.key, a.tablet, a.index, a.slot).cmp(&(b.ts, &b.key, b.tablet, b.index, b.slot))
+            (a.ts, &a.key, a.tablet, a.index, a.slot)
+                .cmp(&(b.ts, &b.key, b.tablet, b.index, b.slot))
         });
         Ok((rows, applied))
     }
