@@ -185,24 +185,31 @@ impl DataService {
         }
     }
 
-    /// Validates an append and turns it into a tablet command.
-    fn admit(&self, req: pb::AppendRequest) -> Result<(Arc<Replica>, AppendBatch), ApiError> {
-        let r = self.replica(req.tablet)?;
-        // The node knows the generation of its tablet's range. Under a
-        // controller, moves bump the cell's generation without touching
-        // the range, so a route at or past the range's generation is good;
-        // a static cell's generations never move, so they must match.
+    /// Refuses a request routed by a stale generation of `r`'s range.
+    ///
+    /// The node knows the generation of its tablet's range. Under a
+    /// controller, moves bump the cell's generation without touching the
+    /// range, so a route at or past the range's generation is good; a
+    /// static cell's generations never move, so they must match.
+    fn check_generation(&self, r: &Replica, generation: u64) -> Result<(), ApiError> {
         let g = r.tablet.generation();
         let stale = if self.node.options.controlled {
-            req.generation < g
+            generation < g
         } else {
-            req.generation != g
+            generation != g
         };
         if stale {
             return Err(ApiError::StaleRoute {
-                descriptor: descriptor(&self.node, &r),
+                descriptor: descriptor(&self.node, r),
             });
         }
+        Ok(())
+    }
+
+    /// Validates an append and turns it into a tablet command.
+    fn admit(&self, req: pb::AppendRequest) -> Result<(Arc<Replica>, AppendBatch), ApiError> {
+        let r = self.replica(req.tablet)?;
+        self.check_generation(&r, req.generation)?;
         limits::validate_namespace(&req.namespace)?;
         let batch_id = limits::parse_batch_id(&req.batch_id)?;
         let opts = &self.node.options;
@@ -508,17 +515,7 @@ impl DataService {
         };
         let covering: Vec<Arc<Replica>> = if req.tablet != 0 {
             let r = self.replica(req.tablet)?;
-            let g = r.tablet.generation();
-            let stale = if self.node.options.controlled {
-                req.generation < g
-            } else {
-                req.generation != g
-            };
-            if stale {
-                return Err(ApiError::StaleRoute {
-                    descriptor: descriptor(&self.node, &r),
-                });
-            }
+            self.check_generation(&r, req.generation)?;
             if overlaps(&r) { vec![r] } else { Vec::new() }
         } else {
             self.node
