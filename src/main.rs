@@ -158,6 +158,25 @@ struct ServerArgs {
     /// (0: never).
     #[arg(long, default_value_t = 10_000)]
     leader_balance_ms: u64,
+    /// Controller: split a tablet by itself once its sealed segments hold
+    /// this many bytes for a whole window (0: never).
+    #[arg(long, default_value_t = 1 << 30)]
+    split_bytes: u64,
+    /// Controller: split a tablet applying this many records per second
+    /// over a whole window (0: never).
+    #[arg(long, default_value_t = 0)]
+    split_writes_per_s: u64,
+    /// Controller: split a tablet serving this many reads per second over a
+    /// whole window (0: never).
+    #[arg(long, default_value_t = 0)]
+    split_reads_per_s: u64,
+    /// Controller: how long a split mark must hold, ms.
+    #[arg(long, default_value_t = 60_000)]
+    split_window_ms: u64,
+    /// Controller: no automatic split of a tablet this soon after it last
+    /// split or was made, ms.
+    #[arg(long, default_value_t = 300_000)]
+    split_cooldown_ms: u64,
     #[arg(long)]
     listen: SocketAddr,
     #[arg(long)]
@@ -713,6 +732,13 @@ fn run() -> anyhow::Result<()> {
                     co.lease = Duration::from_millis(a.lease_ms);
                     co.repair_grace = Duration::from_millis(a.repair_grace_ms);
                     co.leader_balance_every = Duration::from_millis(a.leader_balance_ms);
+                    co.split = stele_controller::autosplit::SplitPolicy {
+                        bytes: a.split_bytes,
+                        writes_per_s: a.split_writes_per_s,
+                        reads_per_s: a.split_reads_per_s,
+                        window: Duration::from_millis(a.split_window_ms),
+                        cooldown: Duration::from_millis(a.split_cooldown_ms),
+                    };
                     Some(co)
                 } else {
                     None

@@ -7,6 +7,7 @@
 //! - [`server`]: a controller process: gRPC API, health leases and the
 //!   scheduler that places, repairs and finishes intents while it leads.
 
+pub mod autosplit;
 pub mod placement;
 pub mod server;
 pub mod state;

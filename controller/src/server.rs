@@ -40,6 +40,8 @@ pub struct ControllerOptions {
     pub intent_timeout: Duration,
     /// How often leaders are rebalanced across nodes (zero: never).
     pub leader_balance_every: Duration,
+    /// When tablets split by themselves.
+    pub split: crate::autosplit::SplitPolicy,
     pub timing: QuorumTiming,
 }
 
@@ -55,6 +57,7 @@ impl ControllerOptions {
             max_intents: 16,
             intent_timeout: Duration::from_secs(120),
             leader_balance_every: Duration::from_secs(10),
+            split: crate::autosplit::SplitPolicy::default(),
             timing: QuorumTiming::default(),
         }
     }
@@ -70,6 +73,11 @@ struct Health {
     /// When this leader first saw each open intent.
     intent_seen: HashMap<u64, Instant>,
     last_leader_balance: Option<Instant>,
+    /// Load samples of each tablet from its leader's heartbeats, with the
+    /// range they were taken under, for automatic splits.
+    loads: HashMap<u64, ((u32, u64), crate::autosplit::TabletLoad)>,
+    /// The zero of the load samples' clock.
+    epoch: Option<Instant>,
 }
 
 pub struct Controller {
@@ -524,6 +532,60 @@ async fn schedule_once(c: &Controller) -> Result<(), Status> {
             c.propose(Command::FinishSplit { intent: i.id }).await?;
         }
     }
+    // Automatic splits: a tablet over a mark for a whole window, past its
+    // cooldown, with nothing else open on it.
+    let mut auto = Vec::new();
+    {
+        let mut h = c.health.lock().expect("lock poisoned");
+        let at = h.epoch.get_or_insert_with(Instant::now).elapsed();
+        h.loads.retain(|id, _| s.tablets.contains_key(id));
+        for t in s.tablets.values() {
+            let entry = h
+                .loads
+                .entry(t.id)
+                .or_insert_with(|| ((t.lo, t.hi), Default::default()));
+            if entry.0 != (t.lo, t.hi) {
+                // Split (or first seen): the cooldown starts now.
+                *entry = ((t.lo, t.hi), Default::default());
+            }
+            if entry.1.changed_at.is_none() {
+                entry.1.reset(at);
+            }
+            if t.intent != 0 || t.leaving.is_some() || t.voters.is_empty() {
+                continue;
+            }
+            if let Some(reason) = crate::autosplit::should_split(&entry.1, &c.opts.split, at) {
+                auto.push((t.id, reason));
+            }
+        }
+    }
+    for (tablet, reason) in auto {
+        if open >= c.opts.max_intents {
+            break;
+        }
+        tracing::info!(tablet, %reason, "automatic split");
+        match c
+            .propose(Command::StartSplit {
+                tablet,
+                at: 0,
+                reason: reason.clone(),
+                expect_generation: 0,
+            })
+            .await?
+        {
+            Reply::Intent(_) => open += 1,
+            Reply::Refused(why) => {
+                tracing::debug!(tablet, %why, "automatic split refused")
+            }
+            Reply::Ok => {}
+        }
+        // Sampled afresh after the decision, whatever came of it.
+        let mut h = c.health.lock().expect("lock poisoned");
+        let at = h.epoch.get_or_insert_with(Instant::now).elapsed();
+        if let Some((_, load)) = h.loads.get_mut(&tablet) {
+            load.reset(at);
+        }
+    }
     // Retired replicas a live node no longer reports are gone.
     {
         let retired: Vec<(u64, crate::state::ReplicaRec)> = s
@@ -690,6 +752,18 @@ impl pb::controller_server::Controller for Api {
         {
             let mut h = c.health.lock().expect("lock poisoned");
             h.seen.insert(reg.id, Instant::now());
+            let at = h.epoch.get_or_insert_with(Instant::now).elapsed();
+            for r in req.replicas.iter().filter(|r| r.leader) {
+                let sample = crate::autosplit::LoadSample {
+                    at,
+                    segment_bytes: r.segment_bytes,
+                    records_applied: r.records_applied,
+                    reads_served: r.reads_served,
+                };
+                if let Some((_, load)) = h.loads.get_mut(&r.tablet) {
+                    load.push(sample, c.opts.split.window);
+                }
+            }
             h.reports.insert(reg.id, req.replicas);
             h.dead_since.remove(&reg.id);
         }

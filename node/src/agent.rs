@@ -8,6 +8,7 @@
 //! The data path never waits on any of this.
 
 use std::collections::{BTreeSet, HashSet};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -170,6 +171,9 @@ impl Agent {
                     learners: v.learners.into_iter().collect(),
                     joint: v.joint,
                     range_generation: r.tablet.generation(),
+                    segment_bytes: r.tablet.read().segments.iter().map(|(s, _)| s.bytes).sum(),
+                    records_applied: r.tablet.stats.records_applied.load(Ordering::Relaxed),
+                    reads_served: r.tablet.stats.reads_served.load(Ordering::Relaxed),
                 }
             })
             .collect();

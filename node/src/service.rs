@@ -6,6 +6,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use openraft::ReadPolicy;
@@ -425,6 +426,7 @@ impl DataService {
             req.routing_key.as_deref().unwrap_or(&req.key),
         );
         self.read_barrier(&r, &req.read).await?;
+        r.tablet.stats.reads_served.fetch_add(1, Ordering::Relaxed);
         let tablet = r.tablet.clone();
         let ((row, watermark), cold) = tokio::task::spawn_blocking(move || {
             let (row, cold) =
@@ -455,6 +457,7 @@ impl DataService {
         );
         let cursor: Option<KeyCursor> = decode_cursor(&req.cursor)?;
         self.read_barrier(&r, &req.read).await?;
+        r.tablet.stats.reads_served.fetch_add(1, Ordering::Relaxed);
         let limit = limit_of(req.limit);
         let tablet = r.tablet.clone();
         let ts_to = ts_to_of(req.ts_to);
@@ -546,6 +549,7 @@ impl DataService {
                 }
                 return Err(e);
             }
+            r.tablet.stats.reads_served.fetch_add(1, Ordering::Relaxed);
             let tablet = r.tablet.clone();
             let ns = req.namespace.clone();
             let prefix = req.key_prefix.clone();

@@ -313,3 +313,67 @@ async fn bad_splits_are_refused_and_change_nothing() {
         );
     }
 }
+
+/// A tablet written at more than the write mark for a whole window splits
+/// by itself once its cooldown has passed, with the reason in its intent;
+/// nothing is lost or doubled; and once the writes stop, nothing more
+/// splits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_tablet_splits_by_itself_and_a_quiet_one_does_not() {
+    let mut cell = ControlledCell::new(1, 3);
+    cell.controller_flags.extend(
+        [
+            "--split-writes-per-s",
+            "20",
+            "--split-window-ms",
+            "3000",
+            "--split-cooldown-ms",
+            "4000",
+            "--leader-balance-ms",
+            "0",
+        ]
+        .map(String::from),
+    );
+    let (_controllers, _nodes) = cell.start(2);
+    let client = Client::connect_cell(&cell.controller_endpoints(), client_options())
+        .await
+        .unwrap();
+    let before = cell.tablets().len();
+    let writer = Writer::start(client.clone(), NS, 2).await;
+    let started = Instant::now();
+    while cell.tablets().len() == before {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no automatic split after 60 s ({} appends)",
+            writer.acked_count()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    eprintln!(
+        "automatic split {:?} after the writes began",
+        started.elapsed()
+    );
+    // The split's intent says why.
+    let reasons: Vec<String> = (1..=8)
+        .filter_map(|id| {
+            let (ok, out, _) = cell.cli(&["intent", "show", &id.to_string()]);
+            ok.then(|| serde_json::from_str::<serde_json::Value>(&out).ok())
+                .flatten()
+        })
+        .filter(|i| i["kind"].as_str().is_some_and(|k| k.starts_with("split")))
+        .map(|i| i["reason"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.starts_with("auto: ") && r.contains("writes/s")),
+        "{reasons:?}"
+    );
+    let n = writer.stop_and_check(&client).await;
+    eprintln!("{n} acknowledged appends checked");
+    // Quiet now: no more splits past a window and a cooldown.
+    cell.wait_settled(Duration::from_secs(60));
+    let settled = cell.tablets().len();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(cell.tablets().len(), settled, "a quiet cell kept splitting");
+}

@@ -126,6 +126,8 @@ pub struct TabletStats {
     pub seal_failures: AtomicU64,
     /// Snapshots installed from a leader (catch-up past its purged log).
     pub snapshots_installed: AtomicU64,
+    /// Reads (Get, ScanKey, Scan) this replica served.
+    pub reads_served: AtomicU64,
 }
 
 /// Everything of one tablet replica that the state machine, the seal worker

@@ -1,0 +1,270 @@
+//! Automatic split decisions: pure, from load samples a leader collects
+//! from heartbeats, unit-tested without I/O.
+//!
+//! A tablet splits when, over a whole window, its sealed bytes stay at or
+//! above the size mark, or its write or read rate stays at or above the
+//! rate mark, and no topology change touched it for a cooldown. A split
+//! halves the load of each half, so a load sitting at the mark splits a
+//! tablet once, not back and forth; the cooldown keeps a burst from
+//! splitting the halves again at once. (Merges, the low marks, are not
+//! built yet.)
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// Thresholds; 0 turns a mark off.
+#[derive(Debug, Clone)]
+pub struct SplitPolicy {
+    /// Split at this many bytes of sealed segments (default 1 GiB).
+    pub bytes: u64,
+    /// Split at this many records applied per second, over the window.
+    pub writes_per_s: u64,
+    /// Split at this many reads served per second, over the window.
+    pub reads_per_s: u64,
+    /// How long a mark must hold.
+    pub window: Duration,
+    /// No automatic split of a tablet this soon after its last change.
+    pub cooldown: Duration,
+}
+
+impl Default for SplitPolicy {
+    fn default() -> Self {
+        SplitPolicy {
+            bytes: 1 << 30,
+            writes_per_s: 0,
+            reads_per_s: 0,
+            window: Duration::from_secs(60),
+            cooldown: Duration::from_secs(300),
+        }
+    }
+}
+
+/// One heartbeat's numbers for a tablet, from its leader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadSample {
+    /// Seconds on the controller leader's monotonic clock.
+    pub at: Duration,
+    pub segment_bytes: u64,
+    /// Counters since the replica started (they reset when it restarts).
+    pub records_applied: u64,
+    pub reads_served: u64,
+}
+
+/// The samples of one tablet over the last window, and its last change.
+#[derive(Debug, Default)]
+pub struct TabletLoad {
+    samples: VecDeque<LoadSample>,
+    /// When the tablet last split or was created by a split (or the
+    /// leader first saw it).
+    pub changed_at: Option<Duration>,
+}
+
+impl TabletLoad {
+    /// Adds a sample, keeping just over one window of them.
+    pub fn push(&mut self, s: LoadSample, window: Duration) {
+        if let Some(last) = self.samples.back()
+            && (s.records_applied < last.records_applied || s.reads_served < last.reads_served)
+        {
+            // The counters went back: the leader changed or restarted.
+            self.samples.clear();
+        }
+        self.samples.push_back(s);
+        while self.samples.len() > 2 && s.at.saturating_sub(self.samples[1].at) >= window {
+            self.samples.pop_front();
+        }
+        self.changed_at.get_or_insert(s.at);
+    }
+
+    /// Forgets the samples (the tablet's range changed).
+    pub fn reset(&mut self, at: Duration) {
+        self.samples.clear();
+        self.changed_at = Some(at);
+    }
+}
+
+/// Why `load` should split now under `policy`, if it should.
+pub fn should_split(load: &TabletLoad, policy: &SplitPolicy, now: Duration) -> Option<String> {
+    let changed = load.changed_at?;
+    if now.saturating_sub(changed) < policy.cooldown {
+        return None;
+    }
+    let (first, last) = (load.samples.front()?, load.samples.back()?);
+    let span = last.at.saturating_sub(first.at);
+    if span < policy.window {
+        return None;
+    }
+    if policy.bytes > 0 && load.samples.iter().all(|s| s.segment_bytes >= policy.bytes) {
+        return Some(format!(
+            "auto: {} bytes of segments >= {} for {}s",
+            last.segment_bytes,
+            policy.bytes,
+            span.as_secs()
+        ));
+    }
+    let rate = |a: u64, b: u64| (b.saturating_sub(a)) as f64 / span.as_secs_f64();
+    let writes = rate(first.records_applied, last.records_applied);
+    if policy.writes_per_s > 0 && writes >= policy.writes_per_s as f64 {
+        return Some(format!(
+            "auto: {writes:.0} writes/s >= {} over {}s",
+            policy.writes_per_s,
+            span.as_secs()
+        ));
+    }
+    let reads = rate(first.reads_served, last.reads_served);
+    if policy.reads_per_s > 0 && reads >= policy.reads_per_s as f64 {
+        return Some(format!(
+            "auto: {reads:.0} reads/s >= {} over {}s",
+            policy.reads_per_s,
+            span.as_secs()
+        ));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> SplitPolicy {
+        SplitPolicy {
+            bytes: 1000,
+            writes_per_s: 100,
+            reads_per_s: 0,
+            window: Duration::from_secs(60),
+            cooldown: Duration::from_secs(300),
+        }
+    }
+
+    fn feed(load: &mut TabletLoad, from_s: u64, to_s: u64, writes_per_s: u64, bytes: u64) {
+        for t in from_s..to_s {
+            load.push(
+                LoadSample {
+                    at: Duration::from_secs(t),
+                    segment_bytes: bytes,
+                    records_applied: t * writes_per_s,
+                    reads_served: 0,
+                },
+                policy().window,
+            );
+        }
+    }
+
+    #[test]
+    fn a_hot_tablet_splits_within_one_window_after_its_cooldown() {
+        let mut load = TabletLoad::default();
+        load.reset(Duration::ZERO);
+        feed(&mut load, 0, 299, 500, 0);
+        assert_eq!(
+            should_split(&load, &policy(), Duration::from_secs(298)),
+            None,
+            "cooldown"
+        );
+        feed(&mut load, 299, 362, 500, 0);
+        let why = should_split(&load, &policy(), Duration::from_secs(361)).unwrap();
+        assert!(why.contains("writes/s"), "{why}");
+    }
+
+    #[test]
+    fn size_must_hold_for_the_whole_window() {
+        let mut load = TabletLoad::default();
+        load.reset(Duration::ZERO);
+        feed(&mut load, 0, 330, 0, 999);
+        feed(&mut load, 330, 360, 0, 1000);
+        assert_eq!(
+            should_split(&load, &policy(), Duration::from_secs(359)),
+            None
+        );
+        feed(&mut load, 360, 400, 0, 1000);
+        assert!(
+            should_split(&load, &policy(), Duration::from_secs(399))
+                .unwrap()
+                .contains("bytes")
+        );
+    }
+
+    #[test]
+    fn a_short_burst_or_a_cold_tablet_does_not_split() {
+        let mut load = TabletLoad::default();
+        load.reset(Duration::ZERO);
+        feed(&mut load, 0, 400, 10, 0);
+        // A burst of 20 s at 10x inside a 60 s window averages below the mark.
+        for t in 400..420u64 {
+            load.push(
+                LoadSample {
+                    at: Duration::from_secs(t),
+                    segment_bytes: 0,
+                    records_applied: 4000 + (t - 400) * 100,
+                    reads_served: 0,
+                },
+                policy().window,
+            );
+        }
+        assert_eq!(
+            should_split(&load, &policy(), Duration::from_secs(419)),
+            None
+        );
+    }
+
+    #[test]
+    fn counters_that_go_back_restart_the_window() {
+        let mut load = TabletLoad::default();
+        load.reset(Duration::ZERO);
+        feed(&mut load, 0, 400, 500, 0);
+        load.push(
+            LoadSample {
+                at: Duration::from_secs(400),
+                segment_bytes: 0,
+                records_applied: 10,
+                reads_served: 0,
+            },
+            policy().window,
+        );
+        assert_eq!(
+            should_split(&load, &policy(), Duration::from_secs(400)),
+            None
+        );
+    }
+
+    /// Ten minutes of simulated time: a namespace's load sits exactly at
+    /// the write mark, spread evenly over its tablets, which split whenever
+    /// the policy says. It splits once (each half then carries half the
+    /// mark) and never again.
+    #[test]
+    fn a_load_at_the_mark_does_not_oscillate() {
+        let p = policy();
+        let total = p.writes_per_s; // records/s over the whole namespace
+        // (tablet loads, cumulative records) per tablet.
+        let mut tablets: Vec<(TabletLoad, u64)> = vec![(TabletLoad::default(), 0)];
+        tablets[0].0.reset(Duration::ZERO);
+        let mut splits = 0;
+        for t in 0..600u64 {
+            let now = Duration::from_secs(t);
+            let share = total / tablets.len() as u64;
+            let mut next = Vec::new();
+            for (mut load, mut records) in tablets {
+                records += share;
+                load.push(
+                    LoadSample {
+                        at: now,
+                        segment_bytes: 0,
+                        records_applied: records,
+                        reads_served: 0,
+                    },
+                    p.window,
+                );
+                if should_split(&load, &p, now).is_some() {
+                    splits += 1;
+                    for _ in 0..2 {
+                        let mut half = TabletLoad::default();
+                        half.reset(now);
+                        next.push((half, 0));
+                    }
+                } else {
+                    next.push((load, records));
+                }
+            }
+            tablets = next;
+        }
+        assert_eq!(splits, 1, "a load at the mark splits once, then holds");
+    }
+}
