@@ -276,6 +276,13 @@ async fn bad_splits_are_refused_and_change_nothing() {
         "strictly inside",
     );
     refused(&["tablet", "split", "99"], "unknown tablet");
+    // Routed by a generation that is not the tablet's.
+    let stale = (t["generation"].as_u64().unwrap() + 1000).to_string();
+    refused(
+        &["tablet", "split", &sid, "--expect-generation", &stale],
+        "generation",
+    );
+    refused(&["intent", "abort", "999"], "no intent 999");
     // A dry run prints the plan and records nothing.
     let plan: serde_json::Value = cell.json(&["tablet", "split", &sid, "--dry-run"]);
     assert_eq!(plan["state"], "plan");
@@ -312,6 +319,13 @@ async fn bad_splits_are_refused_and_change_nothing() {
             )
         );
     }
+    // A finished split cannot be aborted.
+    let first = before[0]["id"].as_u64().unwrap();
+    let half = (before[0]["vshard_hi"].as_u64().unwrap() / 2) as u32;
+    let done = split(&cell, first, half);
+    let iid = done["id"].as_u64().unwrap().to_string();
+    refused(&["intent", "abort", &iid], "has finished");
+    assert_eq!(cell.tablets().len(), before.len() + 1);
 }
 
 /// A tablet written at more than the write mark for a whole window splits
