@@ -131,6 +131,27 @@ pub enum TabletCommand {
         #[arg(long)]
         wait: bool,
     },
+    /// Merge two adjacent tablets into one: the one with the larger id
+    /// absorbs the other. The absorbed tablet's replicas first move onto
+    /// the survivor's nodes; writes to its range pause while it freezes
+    /// and is adopted; nothing is lost or doubled.
+    Merge {
+        a: u64,
+        b: u64,
+        /// Print the plan and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Refuse unless tablet `a` is still at this generation.
+        #[arg(long, default_value_t = 0)]
+        expect_generation_a: u64,
+        /// Refuse unless tablet `b` is still at this generation.
+        #[arg(long, default_value_t = 0)]
+        expect_generation_b: u64,
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        wait: bool,
+    },
     /// Hand a tablet's leadership to its voter on another node.
     TransferLeader {
         id: u64,
@@ -432,7 +453,7 @@ fn intent_json(i: &pb::Intent) -> serde_json::Value {
         "id": i.id, "kind": i.kind, "tablet": i.tablet, "from": i.from, "to": i.to,
         "state": i.state, "detail": i.detail, "done": i.done, "generation": i.generation,
         "at": i.at, "child": i.child, "vshard_lo": i.vshard_lo, "vshard_hi": i.vshard_hi,
-        "reason": i.reason,
+        "reason": i.reason, "absorbed": i.absorbed,
     })
 }
 
@@ -606,6 +627,47 @@ pub async fn run_tablet(cmd: TabletCommand) -> anyhow::Result<()> {
                         i.child,
                         i.at,
                         i.vshard_hi
+                    );
+                }
+                return Ok(());
+            }
+            report_intent(&a, i, wait, target.json).await
+        }
+        TabletCommand::Merge {
+            a: ta,
+            b: tb,
+            dry_run,
+            expect_generation_a,
+            expect_generation_b,
+            target,
+            wait,
+        } => {
+            let a = admin(&target)?;
+            let req = pb::MergeTabletsRequest {
+                a: ta,
+                b: tb,
+                dry_run,
+                expect_generation_a,
+                expect_generation_b,
+            };
+            let i = a
+                .call(|mut c| async move { c.merge_tablets(req).await })
+                .await?;
+            if dry_run {
+                if target.json {
+                    println!("{}", intent_json(&i));
+                } else {
+                    println!(
+                        "plan: merge tablet {} [{}, {}) into tablet {}; {}",
+                        i.absorbed,
+                        i.vshard_lo,
+                        i.vshard_hi,
+                        i.tablet,
+                        if i.detail == "colocating" {
+                            "the absorbed tablet's replicas move onto its nodes first"
+                        } else {
+                            "their replicas are on the same nodes"
+                        }
                     );
                 }
                 return Ok(());

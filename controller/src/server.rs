@@ -17,7 +17,7 @@ use tonic::{Request, Response, Status};
 
 use crate::placement::{Cluster, NodeInfo, NodeState, PlacementError, TabletInfo};
 use crate::state::{
-    Admin, CellConfig, CellState, Command, IntentKind, IntentRec, IntentState, NodeRec, Reply,
+    Admin, CellConfig, CellState, Command, IntentKind, MergePhase, MergeStep, IntentRec, IntentState, NodeRec, Reply,
     TabletRec, from_cbor, node_of, to_cbor,
 };
 
@@ -72,6 +72,8 @@ struct Health {
     dead_since: HashMap<u64, Instant>,
     /// When this leader first saw each open intent.
     intent_seen: HashMap<u64, Instant>,
+    /// When this leader first saw each open merge in its current phase.
+    merge_phase_seen: HashMap<u64, (crate::state::MergePhase, Instant)>,
     last_leader_balance: Option<Instant>,
     /// Load samples of each tablet from its leader's heartbeats, with the
     /// range they were taken under, for automatic splits.
@@ -213,6 +215,27 @@ impl Controller {
         (child_seen, applied)
     }
 
+    /// The latest report of `tablet`'s replica `replica_id`, from its node.
+    fn replica_report(&self, tablet: u64, replica_id: u64) -> Option<pb::ReplicaReport> {
+        let h = self.health.lock().expect("lock poisoned");
+        h.reports
+            .get(&node_of(replica_id))?
+            .iter()
+            .find(|r| r.tablet == tablet && r.replica_id == replica_id)
+            .cloned()
+    }
+
+    /// How long an open merge has been in `phase` (as this leader saw it).
+    fn merge_phase_age(&self, intent: u64, phase: crate::state::MergePhase) -> Duration {
+        let mut h = self.health.lock().expect("lock poisoned");
+        let now = Instant::now();
+        let e = h.merge_phase_seen.entry(intent).or_insert((phase, now));
+        if e.0 != phase {
+            *e = (phase, now);
+        }
+        now.duration_since(e.1)
+    }
+
     /// The replica of each tablet that leads, from the latest reports (the
     /// highest term wins).
     fn leaders(&self) -> HashMap<u64, pb::ReplicaReport> {
@@ -282,15 +305,27 @@ fn intent_pb(i: &IntentRec) -> pb::Intent {
         IntentKind::Move { from, to, .. } => ("move", *from, *to),
         IntentKind::TransferLeader { to } => ("transfer-leader", 0, *to),
         IntentKind::Split { .. } => ("split", 0, 0),
+        IntentKind::Merge { .. } => ("merge", 0, 0),
     };
-    let (at, child, vshard_lo, vshard_hi) = match &i.kind {
+    let (at, child, vshard_lo, vshard_hi, absorbed) = match &i.kind {
         IntentKind::Split {
             at, child, lo, hi, ..
-        } => (*at, *child, *lo, *hi),
-        _ => (0, 0, 0, 0),
+        } => (*at, *child, *lo, *hi, 0),
+        IntentKind::Merge {
+            absorbed, lo, hi, ..
+        } => (0, 0, *lo, *hi, *absorbed),
+        _ => (0, 0, 0, 0, 0),
+    };
+    let pending = match &i.kind {
+        IntentKind::Merge { phase, .. } => match phase {
+            MergePhase::Colocate => "colocating",
+            MergePhase::Freeze => "freezing",
+            MergePhase::Merge => "merging",
+        },
+        _ => "pending",
     };
     let (state, detail, done, generation) = match &i.state {
-        IntentState::Pending => ("pending", String::new(), false, 0),
+        IntentState::Pending => (pending, String::new(), false, 0),
         IntentState::Done { generation } => ("done", String::new(), true, *generation),
         IntentState::Failed { reason } => ("failed", reason.clone(), true, 0),
     };
@@ -309,6 +344,7 @@ fn intent_pb(i: &IntentRec) -> pb::Intent {
         vshard_lo,
         vshard_hi,
         reason: i.reason.clone(),
+        absorbed,
     }
 }
 
@@ -495,6 +531,86 @@ async fn schedule_once(c: &Controller) -> Result<(), Status> {
                     })
                     .await?;
                     open -= 1;
+                }
+            }
+            IntentKind::Merge {
+                absorbed,
+                generation,
+                phase,
+                moving,
+                ..
+            } => {
+                let Some(a) = s.tablets.get(absorbed) else {
+                    continue;
+                };
+                let in_phase = c.merge_phase_age(i.id, *phase);
+                let step = |to| Command::MergeStep { intent: i.id, to };
+                let fail = |reason: String| Command::FailIntent {
+                    intent: i.id,
+                    reason,
+                };
+                match phase {
+                    MergePhase::Colocate => match a.leaving {
+                        Some(_) => {
+                            let Some(r) = leaders.get(absorbed) else {
+                                continue;
+                            };
+                            let desired: BTreeSet<u64> =
+                                a.voters.iter().map(|r| r.replica_id).collect();
+                            let voters: BTreeSet<u64> = r.voters.iter().copied().collect();
+                            let learners_ok = r.learners.iter().all(|l| desired.contains(l));
+                            let started = voters.contains(moving) || r.joint;
+                            let target_dead = s
+                                .nodes
+                                .get(&node_of(*moving))
+                                .is_none_or(|n| n.dead);
+                            if voters == desired && !r.joint && learners_ok {
+                                c.propose(step(MergeStep::Moved)).await?;
+                            } else if !started && (target_dead || in_phase > c.opts.intent_timeout)
+                            {
+                                let reason = format!(
+                                    "merge: tablet {absorbed} did not take its new voter on node {}",
+                                    node_of(*moving)
+                                );
+                                tracing::warn!(intent = i.id, %reason, "merge given up");
+                                c.propose(fail(reason)).await?;
+                                open -= 1;
+                            }
+                        }
+                        None if s.colocating_move(t.id, *absorbed).is_some() => {
+                            tracing::info!(intent = i.id, tablet = t.id, absorbed, "merge: moving a replica to co-locate");
+                            c.propose(step(MergeStep::Move)).await?;
+                        }
+                        None => {
+                            tracing::info!(intent = i.id, tablet = t.id, absorbed, "merge: co-located; freezing");
+                            c.propose(step(MergeStep::Freeze)).await?;
+                        }
+                    },
+                    MergePhase::Freeze => {
+                        let frozen = a.voters.iter().all(|v| {
+                            c.replica_report(*absorbed, v.replica_id)
+                                .is_some_and(|r| r.frozen)
+                        });
+                        if frozen {
+                            tracing::info!(intent = i.id, tablet = t.id, absorbed, "merge: frozen everywhere; merging");
+                            c.propose(step(MergeStep::Merge)).await?;
+                        } else if in_phase > c.opts.intent_timeout {
+                            let reason = format!(
+                                "tablet {absorbed} did not freeze on every voter within {:?}",
+                                c.opts.intent_timeout
+                            );
+                            tracing::warn!(intent = i.id, %reason, "merge given up");
+                            c.propose(fail(reason)).await?;
+                            open -= 1;
+                        }
+                    }
+                    MergePhase::Merge => {
+                        if report.is_some_and(|r| r.published_generation >= *generation) {
+                            tracing::info!(intent = i.id, tablet = t.id, absorbed, "merge: published; publishing routes");
+                            c.propose(Command::FinishMerge { intent: i.id }).await?;
+                            open -= 1;
+                        }
+                    }
                 }
             }
             IntentKind::TransferLeader { to } => {
@@ -827,6 +943,7 @@ impl pb::controller_server::Controller for Api {
                     }),
                     _ => None,
                 });
+            let merge = merge_order(&s, t, c.replica_report(t.id, r.replica_id).as_ref());
             assignments.push(pb::Assignment {
                 tablet: t.id,
                 replica_id: r.replica_id,
@@ -844,6 +961,7 @@ impl pb::controller_server::Controller for Api {
                 initialize: t.initializer == Some(r.replica_id),
                 leader_replica: t.leader_replica,
                 split,
+                merge,
             });
         }
         let retire = s
@@ -1212,6 +1330,50 @@ impl pb::controller_server::Controller for Api {
         intent_reply(c, reply)
     }
 
+    async fn merge_tablets(
+        &self,
+        request: Request<pb::MergeTabletsRequest>,
+    ) -> Result<Response<pb::Intent>, Status> {
+        let c = &self.0;
+        c.require_leader()?;
+        let req = request.into_inner();
+        let s = c.snapshot();
+        s.merge_refusal(
+            req.a,
+            req.b,
+            req.expect_generation_a,
+            req.expect_generation_b,
+        )
+        .map_err(|why| refuse("tablet", why))?;
+        let cmd = Command::StartMerge {
+            a: req.a,
+            b: req.b,
+            reason: if req.dry_run {
+                "operator (dry run)".into()
+            } else {
+                "operator".into()
+            },
+            expect_generation_a: req.expect_generation_a,
+            expect_generation_b: req.expect_generation_b,
+        };
+        if req.dry_run {
+            let mut plan = s.clone();
+            return match plan.apply(cmd) {
+                Reply::Intent(id) => {
+                    let mut i = intent_pb(&plan.intents[&id]);
+                    i.id = 0;
+                    // The phase it would start in: colocating or freezing.
+                    i.detail = std::mem::replace(&mut i.state, "plan".into());
+                    Ok(Response::new(i))
+                }
+                Reply::Refused(r) => Err(refuse("tablet", r)),
+                Reply::Ok => Err(Status::internal("no plan")),
+            };
+        }
+        let reply = c.propose(cmd).await?;
+        intent_reply(c, reply)
+    }
+
     async fn abort_intent(
         &self,
         request: Request<pb::AbortIntentRequest>,
@@ -1235,6 +1397,13 @@ impl pb::controller_server::Controller for Api {
                 .get(&i.tablet)
                 .is_some_and(|r| r.voters.contains(new_replica) || r.joint),
             IntentKind::TransferLeader { .. } => false,
+            IntentKind::Merge { phase, moving, .. } => {
+                *phase == MergePhase::Merge
+                    || (*moving != 0
+                        && c.leaders().get(&i.tablet).is_some_and(|r| {
+                            r.voters.contains(moving) || r.joint
+                        }))
+            }
         };
         if past {
             return Err(refuse(
@@ -1262,6 +1431,62 @@ impl pb::controller_server::Controller for Api {
             Some(i) => Ok(Response::new(intent_pb(i))),
             None => Err(refuse("id", format!("no intent {id}"))),
         }
+    }
+}
+
+/// The merge step `t`'s leader is to propose, if any: freeze the absorbed
+/// tablet of a merge in its freeze phase; merge into the survivor of one
+/// in its merge phase; unfreeze a tablet that reports itself frozen with
+/// no merge going on (a merge given up).
+fn merge_order(
+    s: &CellState,
+    t: &TabletRec,
+    report: Option<&pb::ReplicaReport>,
+) -> Option<pb::MergeOrder> {
+    let merge = s
+        .intents
+        .get(&t.intent)
+        .filter(|i| i.state == IntentState::Pending)
+        .and_then(|i| match &i.kind {
+            IntentKind::Merge {
+                absorbed,
+                lo,
+                hi,
+                generation,
+                phase,
+                ..
+            } => Some((i.tablet, *absorbed, *lo, *hi, *generation, *phase)),
+            _ => None,
+        });
+    match merge {
+        Some((_, absorbed, lo, hi, _, MergePhase::Freeze | MergePhase::Merge))
+            if absorbed == t.id =>
+        {
+            Some(pb::MergeOrder {
+                action: "freeze".into(),
+                absorbed,
+                vshard_lo: lo,
+                vshard_hi: hi,
+                generation: 0,
+            })
+        }
+        Some((survivor, absorbed, lo, hi, generation, MergePhase::Merge))
+            if survivor == t.id =>
+        {
+            Some(pb::MergeOrder {
+                action: "merge".into(),
+                absorbed,
+                vshard_lo: lo,
+                vshard_hi: hi,
+                generation,
+            })
+        }
+        Some(_) => None,
+        None if report.is_some_and(|r| r.leader && r.frozen) => Some(pb::MergeOrder {
+            action: "unfreeze".into(),
+            ..Default::default()
+        }),
+        None => None,
     }
 }
 

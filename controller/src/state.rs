@@ -112,6 +112,34 @@ pub enum IntentKind {
         lo: u32,
         hi: u64,
     },
+    /// The intent's tablet (the larger id of the two, so positions keep
+    /// their order: every row of a tablet has a position of that tablet or
+    /// of a smaller id) absorbs the adjacent tablet `absorbed`, whose range
+    /// was `[lo, hi)` when the intent opened. The merged tablet takes range
+    /// generation `generation`.
+    Merge {
+        absorbed: u64,
+        lo: u32,
+        hi: u64,
+        generation: u64,
+        phase: MergePhase,
+        /// The new replica of the co-locating move in flight (0: none).
+        moving: u64,
+    },
+}
+
+/// Where a merge stands. Only `Colocate` and `Freeze` can be given up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MergePhase {
+    /// The absorbed tablet's voters move, one at a time, onto the nodes of
+    /// the surviving tablet's voters.
+    Colocate,
+    /// The absorbed tablet's leader proposes `Freeze`; the phase ends when
+    /// every voter of it has published its frozen state.
+    Freeze,
+    /// The survivor's leader proposes `Merge`: from here the merge only
+    /// goes forward.
+    Merge,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -202,11 +230,44 @@ pub enum Command {
     FinishTransfer {
         intent: u64,
     },
+    /// Opens a merge of adjacent tablets `a` and `b`.
+    StartMerge {
+        a: u64,
+        b: u64,
+        reason: String,
+        expect_generation_a: u64,
+        expect_generation_b: u64,
+    },
+    /// The next step of a merge: start the next co-locating move, finish
+    /// the one in flight (its group's membership matches), or enter the
+    /// next phase, as the state and `to` say.
+    MergeStep {
+        intent: u64,
+        to: MergeStep,
+    },
+    /// The survivor published the merged range: the route map takes it,
+    /// and the absorbed tablet is gone.
+    FinishMerge {
+        intent: u64,
+    },
     /// A node deleted a retired replica.
     Retired {
         node: u64,
         replica: ReplicaRec,
     },
+}
+
+/// What a [`Command::MergeStep`] does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MergeStep {
+    /// Move one voter of the absorbed tablet onto a node of the survivor's.
+    Move,
+    /// The move in flight is done: its old replica retires.
+    Moved,
+    /// Co-located: freeze the absorbed tablet.
+    Freeze,
+    /// Every voter of the absorbed tablet is frozen: merge.
+    Merge,
 }
 
 /// The reply to a command.
@@ -281,6 +342,55 @@ impl CellState {
             return Some(format!("tablet {tablet} is not placed yet"));
         }
         None
+    }
+
+    /// The plan of a merge of `a` and `b`: (survivor, absorbed), or why
+    /// they cannot merge now.
+    pub fn merge_refusal(
+        &self,
+        a: u64,
+        b: u64,
+        expect_generation_a: u64,
+        expect_generation_b: u64,
+    ) -> Result<(u64, u64), String> {
+        if a == b {
+            return Err(format!("tablet {a} cannot merge with itself"));
+        }
+        for (t, expect) in [(a, expect_generation_a), (b, expect_generation_b)] {
+            if let Some(why) = self.split_refusal(t, expect) {
+                return Err(why.replace("cannot split", "cannot merge"));
+            }
+        }
+        let (ta, tb) = (&self.tablets[&a], &self.tablets[&b]);
+        if ta.hi != u64::from(tb.lo) && tb.hi != u64::from(ta.lo) {
+            return Err(format!(
+                "tablets {a} [{}, {}) and {b} [{}, {}) are not adjacent",
+                ta.lo, ta.hi, tb.lo, tb.hi
+            ));
+        }
+        if ta.voters.len() != tb.voters.len() {
+            return Err(format!(
+                "tablets {a} and {b} have different replication ({} and {} voters)",
+                ta.voters.len(),
+                tb.voters.len()
+            ));
+        }
+        Ok((a.max(b), a.min(b)))
+    }
+
+    /// The nodes of a tablet's voters.
+    fn voter_nodes(t: &TabletRec) -> BTreeSet<u64> {
+        t.voters.iter().map(|r| r.node).collect()
+    }
+
+    /// The next co-locating move of a merge: (from, to) nodes, or `None`
+    /// when the absorbed tablet's voters are on the survivor's nodes.
+    pub fn colocating_move(&self, survivor: u64, absorbed: u64) -> Option<(u64, u64)> {
+        let want = Self::voter_nodes(self.tablets.get(&survivor)?);
+        let have = Self::voter_nodes(self.tablets.get(&absorbed)?);
+        let from = have.difference(&want).next().copied()?;
+        let to = want.difference(&have).next().copied()?;
+        Some((from, to))
     }
 
     /// The id the next new tablet takes.
@@ -585,6 +695,23 @@ impl CellState {
                 i.state = IntentState::Failed { reason };
                 let tablet = i.tablet;
                 let kind = i.kind.clone();
+                if let IntentKind::Merge { absorbed, .. } = kind
+                    && let Some(t) = self.tablets.get_mut(&absorbed)
+                {
+                    t.intent = 0;
+                    // A co-locating move in flight rolls back as a move
+                    // does (the scheduler gives up only one that never
+                    // changed the group's voters).
+                    if let IntentKind::Merge { moving, .. } = kind
+                        && moving != 0
+                        && let Some(old) = t.leaving.take()
+                        && let Some(pos) = t.voters.iter().position(|r| r.replica_id == moving)
+                    {
+                        let new = t.voters[pos];
+                        t.voters[pos] = old;
+                        self.retired.entry(new.node).or_default().insert(new);
+                    }
+                }
                 if let Some(t) = self.tablets.get_mut(&tablet) {
                     t.intent = 0;
                     // A move that never changed the group's voters rolls
@@ -630,6 +757,150 @@ impl CellState {
                     t.intent = 0;
                     t.leader_replica = 0;
                 }
+                self.trim_intents();
+                Reply::Ok
+            }
+            Command::StartMerge {
+                a,
+                b,
+                reason,
+                expect_generation_a,
+                expect_generation_b,
+            } => {
+                let (survivor, absorbed) =
+                    match self.merge_refusal(a, b, expect_generation_a, expect_generation_b) {
+                        Ok(plan) => plan,
+                        Err(why) => return Reply::Refused(why),
+                    };
+                let (lo, hi) = {
+                    let t = &self.tablets[&absorbed];
+                    (t.lo, t.hi)
+                };
+                let phase = if self.colocating_move(survivor, absorbed).is_some() {
+                    MergePhase::Colocate
+                } else {
+                    MergePhase::Freeze
+                };
+                let generation = self.bump();
+                let kind = IntentKind::Merge {
+                    absorbed,
+                    lo,
+                    hi,
+                    generation,
+                    phase,
+                    moving: 0,
+                };
+                let reply = self.open_intent(survivor, kind, reason);
+                if let (Reply::Intent(id), Some(t)) = (&reply, self.tablets.get_mut(&absorbed)) {
+                    t.intent = *id;
+                }
+                reply
+            }
+            Command::MergeStep { intent, to } => {
+                let Some(i) = self.intents.get(&intent) else {
+                    return Reply::Refused(format!("unknown intent {intent}"));
+                };
+                let IntentKind::Merge {
+                    absorbed, phase, ..
+                } = i.kind.clone()
+                else {
+                    return Reply::Refused(format!("intent {intent} is not a merge"));
+                };
+                if i.state != IntentState::Pending {
+                    return Reply::Refused(format!("intent {intent} has finished"));
+                }
+                let survivor = i.tablet;
+                let Some(t) = self.tablets.get(&absorbed) else {
+                    return Reply::Refused(format!("tablet {absorbed} is gone"));
+                };
+                let mut moving = 0;
+                let next = match (phase, to) {
+                    (MergePhase::Colocate, MergeStep::Move) if t.leaving.is_none() => {
+                        let Some((from, to)) = self.colocating_move(survivor, absorbed) else {
+                            return Reply::Refused("co-located already".into());
+                        };
+                        let new = self.new_replica(to);
+                        let t = self.tablets.get_mut(&absorbed).expect("checked above");
+                        let pos = t
+                            .voters
+                            .iter()
+                            .position(|r| r.node == from)
+                            .expect("from is a voter node");
+                        let old = t.voters[pos];
+                        t.voters[pos] = new;
+                        t.leaving = Some(old);
+                        if t.leader_replica == old.replica_id {
+                            t.leader_replica = 0;
+                        }
+                        moving = new.replica_id;
+                        MergePhase::Colocate
+                    }
+                    (MergePhase::Colocate, MergeStep::Moved) => {
+                        let generation = self.bump();
+                        let t = self.tablets.get_mut(&absorbed).expect("checked above");
+                        if let Some(old) = t.leaving.take() {
+                            self.retired.entry(old.node).or_default().insert(old);
+                        }
+                        t.generation = generation;
+                        MergePhase::Colocate
+                    }
+                    (MergePhase::Colocate, MergeStep::Freeze)
+                        if t.leaving.is_none()
+                            && self.colocating_move(survivor, absorbed).is_none() =>
+                    {
+                        MergePhase::Freeze
+                    }
+                    (MergePhase::Freeze, MergeStep::Merge) => MergePhase::Merge,
+                    (phase, to) => {
+                        return Reply::Refused(format!(
+                            "merge {intent} is in phase {phase:?}; cannot take step {to:?}"
+                        ));
+                    }
+                };
+                if let Some(IntentKind::Merge {
+                    phase, moving: m, ..
+                }) = self.intents.get_mut(&intent).map(|i| &mut i.kind)
+                {
+                    *phase = next;
+                    *m = moving;
+                }
+                Reply::Ok
+            }
+            Command::FinishMerge { intent } => {
+                let Some(i) = self.intents.get(&intent) else {
+                    return Reply::Refused(format!("unknown intent {intent}"));
+                };
+                let IntentKind::Merge {
+                    absorbed,
+                    lo,
+                    hi,
+                    generation: range_generation,
+                    phase,
+                    ..
+                } = i.kind.clone()
+                else {
+                    return Reply::Refused(format!("intent {intent} is not a merge"));
+                };
+                if matches!(i.state, IntentState::Done { .. }) {
+                    return Reply::Ok;
+                }
+                if phase != MergePhase::Merge {
+                    return Reply::Refused(format!("merge {intent} was not ordered yet"));
+                }
+                let survivor = i.tablet;
+                let generation = self.bump();
+                if let Some(t) = self.tablets.get_mut(&survivor) {
+                    t.lo = t.lo.min(lo);
+                    t.hi = t.hi.max(hi);
+                    t.generation = generation;
+                    t.range_generation = range_generation;
+                    t.intent = 0;
+                }
+                // Its replicas delete themselves on each node with the
+                // survivor's seal of the merge.
+                self.tablets.remove(&absorbed);
+                let i = self.intents.get_mut(&intent).expect("checked above");
+                i.state = IntentState::Done { generation };
                 self.trim_intents();
                 Reply::Ok
             }

@@ -174,6 +174,11 @@ impl Agent {
                     segment_bytes: r.tablet.read().segments.iter().map(|(s, _)| s.bytes).sum(),
                     records_applied: r.tablet.stats.records_applied.load(Ordering::Relaxed),
                     reads_served: r.tablet.stats.reads_served.load(Ordering::Relaxed),
+                    frozen: r.tablet.is_frozen() && {
+                        let d = r.tablet.read();
+                        d.published.frozen && d.frozen.is_empty()
+                    },
+                    published_generation: r.tablet.read().published.generation,
                 }
             })
             .collect();
@@ -252,6 +257,9 @@ impl Agent {
             if let Some(order) = &a.split {
                 self.propose_split(&replica, order);
             }
+            if let Some(order) = &a.merge {
+                self.propose_merge(&replica, order);
+            }
             let desired: BTreeSet<u64> = voters.iter().copied().collect();
             let v = membership::view(&replica.raft);
             let leader_ok = a.leader_replica == 0 || a.leader_replica == replica.replica_id;
@@ -294,6 +302,7 @@ impl Agent {
                 busy.lock().expect("lock poisoned").remove(&tablet);
             });
         }
+        self.remove_absorbed().await;
         for rr in &r.retire {
             if rr.node != me {
                 continue;
@@ -320,6 +329,79 @@ impl Agent {
 }
 
 impl Agent {
+    /// Proposes the merge step the controller ordered, unless the group
+    /// has applied it already or a proposal is in flight.
+    fn propose_merge(&self, replica: &Arc<crate::node::Replica>, order: &pb::MergeOrder) {
+        use stele_proto::command::TabletCommand;
+        let t = &replica.tablet;
+        let cmd = match order.action.as_str() {
+            "freeze" if !t.is_frozen() => TabletCommand::Freeze {
+                generation: order.generation,
+            },
+            "unfreeze" if t.is_frozen() => TabletCommand::Unfreeze,
+            "merge" => {
+                let (lo, hi) = t.range();
+                let adjacent = hi == u64::from(order.vshard_lo) || u64::from(lo) == order.vshard_hi;
+                if !adjacent || t.is_frozen() {
+                    return;
+                }
+                TabletCommand::Merge {
+                    absorbed: order.absorbed,
+                    lo: order.vshard_lo,
+                    hi: order.vshard_hi,
+                    generation: order.generation,
+                }
+            }
+            _ => return,
+        };
+        let tablet = t.id;
+        if !self.busy.lock().expect("lock poisoned").insert(tablet) {
+            return;
+        }
+        let (replica, busy) = (replica.clone(), self.busy.clone());
+        tokio::spawn(async move {
+            let what = cmd.to_string();
+            match replica.raft.client_write(cmd).await {
+                Ok(_) => tracing::info!(tablet, step = %what, "merge step proposed and applied"),
+                Err(e) => {
+                    tracing::warn!(tablet, step = %what, error = %e, "merge step not proposed; retried on the next heartbeat")
+                }
+            }
+            busy.lock().expect("lock poisoned").remove(&tablet);
+        });
+    }
+
+    /// Deletes frozen replicas whose range another replica here has
+    /// published as its own at a later generation: the absorbed side of a
+    /// merge this node learned by snapshot rather than by applying it.
+    async fn remove_absorbed(&self) {
+        let replicas = self.node.replicas();
+        for x in &replicas {
+            if !x.tablet.is_frozen() {
+                continue;
+            }
+            let (lo, hi) = x.tablet.range();
+            let covered = replicas.iter().any(|y| {
+                let p = y.tablet.read().published;
+                y.tablet.id != x.tablet.id
+                    && !p.frozen
+                    && p.lo <= lo
+                    && p.hi >= hi
+                    && p.generation > x.tablet.generation()
+            });
+            if covered {
+                match self.node.remove_replica(x.tablet.id, x.replica_id).await {
+                    Ok(true) => tracing::info!(
+                        tablet = x.tablet.id,
+                        "merged away (learned by snapshot): replica removed"
+                    ),
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(tablet = x.tablet.id, error = %e, "cannot remove a merged-away replica"),
+                }
+            }
+        }
+    }
+
     /// Proposes the split the controller ordered, unless this group has
     /// applied it (its range no longer reaches past `at`) or a proposal is
     /// in flight. The child's replica on this node (the leader's) comes

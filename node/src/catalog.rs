@@ -104,6 +104,14 @@ pub struct TabletRecord {
     /// crash before it did. Empty for every other tablet.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub init_voters: Vec<u64>,
+    /// Frozen for a merge as of the checkpoint: takes no writes, waits to
+    /// be absorbed by its neighbour. Omitted when false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub frozen: bool,
+}
+
+fn is_false(v: &bool) -> bool {
+    !*v
 }
 
 /// A receipt row, keyed by (tablet, receipt key).
@@ -118,6 +126,26 @@ pub struct ReceiptRow {
 pub struct Catalog {
     db: Arc<Database>,
     path: PathBuf,
+}
+
+/// Deletes a replica's rows (record, Raft state, receipts) and tombstones
+/// its id, inside `txn`.
+fn remove_in(
+    txn: &redb::WriteTransaction,
+    tablet: u64,
+    replica_id: u64,
+) -> std::result::Result<(), redb::Error> {
+    let mut tablets = txn.open_table(TABLETS)?;
+    tablets.remove(tablet)?;
+    let mut raft = txn.open_table(RAFT)?;
+    raft.retain_in((tablet, "")..(tablet + 1, ""), |_, _| false)?;
+    let mut receipts = txn.open_table(RECEIPTS)?;
+    let lo: (u64, &[u8]) = (tablet, &[]);
+    let hi: (u64, &[u8]) = (tablet + 1, &[]);
+    receipts.retain_in(lo..hi, |_, _| false)?;
+    let mut tomb = txn.open_table(TOMBSTONES)?;
+    tomb.insert(replica_id, tablet)?;
+    Ok(())
 }
 
 fn db_err(path: &Path) -> impl Fn(redb::Error) -> Error + '_ {
@@ -218,7 +246,7 @@ impl Catalog {
         add_receipts: &[ReceiptRow],
         drop_receipts: &[Vec<u8>],
     ) -> Result<()> {
-        self.publish_split(record, add_receipts, drop_receipts, None)
+        self.publish_split(record, add_receipts, drop_receipts, None, None)
             .map(|_| ())
     }
 
@@ -232,6 +260,7 @@ impl Catalog {
         add_receipts: &[ReceiptRow],
         drop_receipts: &[Vec<u8>],
         child: Option<(&TabletRecord, &[ReceiptRow], &[u8])>,
+        retire: Option<(u64, u64)>,
     ) -> Result<bool> {
         let err = self.err();
         let txn = self.db.begin_write().map_err(|e| err(e.into()))?;
@@ -269,6 +298,9 @@ impl Catalog {
                     created = true;
                 }
             }
+        }
+        if let Some((tablet, replica_id)) = retire {
+            remove_in(&txn, tablet, replica_id).map_err(&err)?;
         }
         txn.commit().map_err(|e| err(e.into()))?;
         Ok(created)
@@ -314,21 +346,7 @@ impl Catalog {
     pub fn remove_tablet(&self, tablet: u64, replica_id: u64) -> Result<()> {
         let err = self.err();
         let txn = self.db.begin_write().map_err(|e| err(e.into()))?;
-        {
-            let mut tablets = txn.open_table(TABLETS).map_err(|e| err(e.into()))?;
-            tablets.remove(tablet).map_err(|e| err(e.into()))?;
-            let mut raft = txn.open_table(RAFT).map_err(|e| err(e.into()))?;
-            raft.retain_in((tablet, "")..(tablet + 1, ""), |_, _| false)
-                .map_err(|e| err(e.into()))?;
-            let mut receipts = txn.open_table(RECEIPTS).map_err(|e| err(e.into()))?;
-            let lo: (u64, &[u8]) = (tablet, &[]);
-            let hi: (u64, &[u8]) = (tablet + 1, &[]);
-            receipts
-                .retain_in(lo..hi, |_, _| false)
-                .map_err(|e| err(e.into()))?;
-            let mut tomb = txn.open_table(TOMBSTONES).map_err(|e| err(e.into()))?;
-            tomb.insert(replica_id, tablet).map_err(|e| err(e.into()))?;
-        }
+        remove_in(&txn, tablet, replica_id).map_err(&err)?;
         txn.commit().map_err(|e| err(e.into()))
     }
 
@@ -398,6 +416,7 @@ mod tests {
             segments: vec![],
             replica_id: id,
             init_voters: Vec::new(),
+            frozen: false,
         }
     }
 

@@ -262,6 +262,8 @@ pub struct Node {
     tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Namespace owners, when the cell is directory-managed.
     ownership: Option<crate::ownership::Ownership>,
+    /// The open tablets by id, for merges.
+    locals: crate::tablet::Locals,
 }
 
 fn now_us() -> u64 {
@@ -375,6 +377,12 @@ impl Node {
         let (seal_tx, seal_rx) = mpsc::unbounded_channel();
         let stats = NodeStats::default();
         let mut replicas = BTreeMap::new();
+        let cancel = CancellationToken::new();
+        let locals = crate::tablet::Locals::new(cancel.clone());
+        remove_stray_dirs(&options.data_dir.join("segments"), &records)?;
+        // Every tablet is open before any group starts: a merge replayed
+        // by one reads the tablet it absorbs.
+        let mut opened = Vec::with_capacity(records.len());
         for record in &records {
             let dir = options
                 .data_dir
@@ -387,6 +395,10 @@ impl Node {
                 options.tablet.clone(),
                 options.tier.clone(),
             )?;
+            locals.insert(tablet.clone());
+            opened.push(tablet);
+        }
+        for (record, tablet) in records.iter().zip(opened) {
             let frames = by_tablet.remove(&record.id).unwrap_or_default();
             let (log, replay) = LogStore::recover(
                 record.id,
@@ -402,7 +414,7 @@ impl Node {
                 .fetch_add(replay.frames_skipped, Ordering::Relaxed);
             let replica_id = record.replica_id;
             let fresh = record.checkpoint == 0 && log.is_empty();
-            let sm = StateMachine::new(tablet.clone(), seal_tx.clone());
+            let sm = StateMachine::new(tablet.clone(), seal_tx.clone(), locals.clone());
             let raft = raft_factory(record.id, replica_id, log.clone(), sm).await?;
             // Exactly one replica initializes a new group: the one on the
             // lowest node id of the cell (static cells; the controller
@@ -463,7 +475,8 @@ impl Node {
             lifecycle: Default::default(),
             stats,
             pacer_stats: Default::default(),
-            cancel: CancellationToken::new(),
+            cancel,
+            locals,
             peers: source,
             transport: std::sync::OnceLock::new(),
             tasks: Default::default(),
@@ -507,13 +520,15 @@ impl Node {
         self.replicas.read().expect("lock poisoned").len()
     }
 
-    /// The replica whose range holds `vshard`.
+    /// The replica whose range holds `vshard`, not counting one frozen for
+    /// a merge: the tablet absorbing it may take writes for its range
+    /// before it is gone, so it serves no reads.
     pub fn replica_for(&self, vshard: u32) -> Option<Arc<Replica>> {
         self.replicas
             .read()
             .expect("lock poisoned")
             .values()
-            .find(|r| r.tablet.contains(vshard))
+            .find(|r| r.tablet.contains(vshard) && !r.tablet.is_frozen())
             .cloned()
     }
 
@@ -568,6 +583,7 @@ impl Node {
             segments: Vec::new(),
             replica_id: spec.replica_id,
             init_voters: Vec::new(),
+            frozen: false,
         };
         let dir = self
             .options
@@ -588,7 +604,8 @@ impl Node {
             self.options.tablet.clone(),
             self.options.tier.clone(),
         )?;
-        let sm = StateMachine::new(tablet.clone(), self.seal_tx.clone());
+        self.locals.insert(tablet.clone());
+        let sm = StateMachine::new(tablet.clone(), self.seal_tx.clone(), self.locals.clone());
         let raft = (self.raft_factory)(spec.tablet, spec.replica_id, log.clone(), sm).await?;
         if let Some(voters) = initialize {
             let members: BTreeMap<u64, BasicNode> =
@@ -644,7 +661,8 @@ impl Node {
             self.options.tier.clone(),
         )?;
         let log = LogStore::create(record.id, self.journal.clone(), self.catalog.clone()).await?;
-        let sm = StateMachine::new(tablet.clone(), self.seal_tx.clone());
+        self.locals.insert(tablet.clone());
+        let sm = StateMachine::new(tablet.clone(), self.seal_tx.clone(), self.locals.clone());
         let raft = (self.raft_factory)(record.id, record.replica_id, log.clone(), sm).await?;
         // The child's group exists from its first state on (a membership
         // applied at index 0): the replica on the node that proposed the
@@ -681,6 +699,7 @@ impl Node {
             .write()
             .expect("lock poisoned")
             .remove(&tablet);
+        self.locals.remove(tablet);
         let _ = r.raft.shutdown().await;
         self.catalog.remove_tablet(tablet, replica_id)?;
         self.journal.forget_tablet(tablet);
@@ -941,6 +960,7 @@ fn bootstrap(catalog: &Catalog, n: u32, node_id: u64) -> Result<Vec<TabletRecord
             segments: Vec::new(),
             replica_id: router::replica_id(id, node_id),
             init_voters: Vec::new(),
+            frozen: false,
         };
         catalog.put_tablet(&record)?;
         out.push(record);
@@ -977,6 +997,19 @@ async fn seal_worker(node: Arc<Node>, mut rx: mpsc::UnboundedReceiver<(Arc<Table
                         }
                     }
                 }
+                if let Some((absorbed, replica)) = done.absorbed {
+                    // Its catalog rows went with the seal's publish.
+                    match node.remove_replica(absorbed, replica).await {
+                        Ok(_) => tracing::info!(
+                            tablet = tablet.id,
+                            absorbed,
+                            "merge: absorbed replica adopted and removed"
+                        ),
+                        Err(e) => {
+                            tracing::error!(tablet = tablet.id, absorbed, error = %e, "merge: absorbed replica not removed; its files go at the next start")
+                        }
+                    }
+                }
                 if let Some(r) = node.replica(tablet.id) {
                     let cancel = node.cancel.clone();
                     let task = tokio::spawn(async move {
@@ -997,6 +1030,29 @@ async fn seal_worker(node: Arc<Node>, mut rx: mpsc::UnboundedReceiver<(Arc<Table
             Err(e) => tracing::error!(tablet = tablet.id, error = %e, "seal task panicked"),
         }
     }
+}
+
+/// Removes the segment directories of tablets the catalog does not name:
+/// left by a crash between a merge's publish (which deleted the absorbed
+/// tablet's rows) and the removal of its files, or between a split's links
+/// and its publish (replayed after this).
+fn remove_stray_dirs(segments: &Path, records: &[TabletRecord]) -> Result<()> {
+    let Ok(entries) = std::fs::read_dir(segments) else {
+        return Ok(());
+    };
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io(format!("list {}", segments.display()), e))?;
+        let name = entry.file_name().to_string_lossy().to_string();
+        let Ok(id) = name.parse::<u64>() else {
+            continue;
+        };
+        if entry.path().is_dir() && !records.iter().any(|r| r.id == id) {
+            tracing::info!(tablet = id, "removing the files of a tablet this node no longer holds");
+            std::fs::remove_dir_all(entry.path())
+                .map_err(|e| Error::io(format!("remove {}", entry.path().display()), e))?;
+        }
+    }
+    Ok(())
 }
 
 async fn purge_after_snapshot(r: Arc<Replica>, checkpoint: u64) {

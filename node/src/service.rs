@@ -250,7 +250,7 @@ impl DataService {
                 &req.namespace,
                 rec.routing_key.as_deref().unwrap_or(&rec.key),
             );
-            if !r.tablet.contains(v) {
+            if !r.tablet.accepts(v) {
                 return Err(ApiError::StaleRoute {
                     descriptor: descriptor(&self.node, &r),
                 });
@@ -519,12 +519,19 @@ impl DataService {
         let covering: Vec<Arc<Replica>> = if req.tablet != 0 {
             let r = self.replica(req.tablet)?;
             self.check_generation(&r, req.generation)?;
+            // A tablet frozen for a merge serves no reads: the tablet that
+            // absorbs it may already take writes for its range.
+            if r.tablet.is_frozen() {
+                return Err(ApiError::StaleRoute {
+                    descriptor: descriptor(&self.node, &r),
+                });
+            }
             if overlaps(&r) { vec![r] } else { Vec::new() }
         } else {
             self.node
                 .replicas()
                 .into_iter()
-                .filter(|r| overlaps(r))
+                .filter(|r| overlaps(r) && !r.tablet.is_frozen())
                 .collect()
         };
         let partial = req.read.as_ref().is_some_and(|r| r.partial);

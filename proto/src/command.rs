@@ -120,6 +120,31 @@ pub enum TabletCommand {
         child_replicas: Vec<u64>,
         generation: u64,
     },
+    /// The first step of a merge, on the tablet to be absorbed: it seals
+    /// its memtable as `Seal` does and takes no write after this entry (its
+    /// range stays, for reads), at range generation `generation`. Once
+    /// every replica has published that seal, the tablet is complete in its
+    /// segments and receipts.
+    Freeze {
+        generation: u64,
+    },
+    /// Undoes a `Freeze` of a merge given up before its `Merge` was
+    /// ordered: the tablet takes writes again.
+    Unfreeze,
+    /// Merges the frozen adjacent tablet `absorbed` (range `[lo, hi)`) into
+    /// this one: on every replica, this tablet takes the absorbed tablet's
+    /// segments (shared, by hard link) and receipts from the replica of it
+    /// on the same node, and its range grows by `[lo, hi)` at range
+    /// generation `generation`. It seals the memtable as `Seal` does; with
+    /// that seal's publish the absorbed replica is deleted. A `Merge` whose
+    /// range is not adjacent to this tablet's (already applied, or stale)
+    /// changes nothing.
+    Merge {
+        absorbed: u64,
+        lo: u32,
+        hi: u64,
+        generation: u64,
+    },
 }
 
 /// The result of applying a [`TabletCommand`].
@@ -159,6 +184,11 @@ impl std::fmt::Display for TabletCommand {
             TabletCommand::Uploaded { segment, .. } => write!(f, "Uploaded({segment})"),
             TabletCommand::DropSegment { segment } => write!(f, "DropSegment({segment})"),
             TabletCommand::Split { at, child, .. } => write!(f, "Split(at {at}, child {child})"),
+            TabletCommand::Freeze { generation } => write!(f, "Freeze(generation {generation})"),
+            TabletCommand::Unfreeze => write!(f, "Unfreeze"),
+            TabletCommand::Merge {
+                absorbed, lo, hi, ..
+            } => write!(f, "Merge(absorbed {absorbed} [{lo}, {hi}))"),
         }
     }
 }

@@ -46,6 +46,7 @@ impl StoreBuilder<TabletConfig, LogStore, StateMachine, Guard> for Builder {
             segments: vec![],
             replica_id: 7,
             init_voters: Vec::new(),
+            frozen: false,
         };
         catalog.put_tablet(&record).expect("put tablet");
         let tablet: Arc<Tablet> = Tablet::open(
@@ -57,7 +58,7 @@ impl StoreBuilder<TabletConfig, LogStore, StateMachine, Guard> for Builder {
         .expect("tablet");
         let log = LogStore::new(7, journal.clone(), catalog);
         let (tx, _rx) = mpsc::unbounded_channel();
-        let sm = StateMachine::new(tablet, tx);
+        let sm = StateMachine::new(tablet, tx, Default::default());
         Ok((Guard { _dir: dir, journal }, log, sm))
     }
 }

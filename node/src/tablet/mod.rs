@@ -49,12 +49,25 @@ impl Default for TabletOptions {
     }
 }
 
-/// A tablet's vshard range `[lo, hi)` and the generation it changed at.
+/// A tablet's vshard range `[lo, hi)`, the generation it changed at, and
+/// whether it is frozen for a merge (no writes; reads go on).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RangeState {
     pub lo: u32,
     pub hi: u64,
     pub generation: u64,
+    pub frozen: bool,
+}
+
+/// What the seal of a `Merge` adopts from the absorbed tablet's replica on
+/// this node once it publishes: its segments (already readable through
+/// [`TabletData::adopted`]) and the replica to delete.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MergeIn {
+    pub absorbed: u64,
+    pub absorbed_replica: u64,
+    /// The absorbed replica's segment directory, to hard-link from.
+    pub absorbed_dir: PathBuf,
 }
 
 /// The child a `Split` creates once its seal publishes.
@@ -84,6 +97,38 @@ pub struct Frozen {
     pub after: RangeState,
     /// Set on the seal of a `Split`: the child to create with it.
     pub split: Option<SplitChild>,
+    /// Set on the seal of a `Merge`: the absorbed replica to adopt.
+    pub merge: Option<MergeIn>,
+}
+
+/// The tablets open on this node, by id: a `Merge`'s apply finds the
+/// absorbed tablet's replica here. `cancel` (the node's shutdown) ends its
+/// wait for that replica.
+#[derive(Clone, Default)]
+pub struct Locals {
+    map: Arc<dashmap::DashMap<u64, Arc<Tablet>>>,
+    pub cancel: tokio_util::sync::CancellationToken,
+}
+
+impl Locals {
+    pub fn new(cancel: tokio_util::sync::CancellationToken) -> Locals {
+        Locals {
+            map: Default::default(),
+            cancel,
+        }
+    }
+
+    pub fn insert(&self, tablet: Arc<Tablet>) {
+        self.map.insert(tablet.id, tablet);
+    }
+
+    pub fn remove(&self, tablet: u64) {
+        self.map.remove(&tablet);
+    }
+
+    pub fn get(&self, tablet: u64) -> Option<Arc<Tablet>> {
+        self.map.get(&tablet).map(|t| t.clone())
+    }
 }
 
 /// A tablet's applied state.
@@ -116,6 +161,13 @@ pub struct TabletData {
     pub published: RangeState,
     /// A split whose seal failed to publish, carried to the next seal.
     pub pending_split: Option<SplitChild>,
+    /// The absorbed tablet's segments between a `Merge`'s apply and its
+    /// seal's publish: read with [`TabletData::segments`] but not yet named
+    /// by this tablet's catalog record (oldest first; none shared with
+    /// `segments`).
+    pub adopted: Vec<(SegmentRef, Arc<SegmentReader>)>,
+    /// A merge whose seal failed to publish, carried to the next seal.
+    pub pending_merge: Option<MergeIn>,
 }
 
 /// Counters of a tablet, read by status and tests.
@@ -135,10 +187,12 @@ pub struct TabletStats {
 pub struct Tablet {
     pub id: u64,
     pub replica_id: u64,
-    /// The live range `[lo, hi)`: changed only by applying `Split` (under
-    /// the data write lock), read by admission and apply.
+    /// The live range `[lo, hi)`: changed only by applying `Split` or
+    /// `Merge` (under the data write lock), read by admission and apply.
     range: RwLock<(u32, u64)>,
     pub generation: AtomicU64,
+    /// Frozen for a merge (live): writes are refused, reads go on.
+    frozen: std::sync::atomic::AtomicBool,
     /// A split child's voters ([`TabletRecord::init_voters`]).
     pub init_voters: Vec<u64>,
     pub options: TabletOptions,
@@ -210,6 +264,7 @@ impl Tablet {
             lo: record.vshard_lo,
             hi: record.vshard_hi,
             generation: record.generation,
+            frozen: record.frozen,
         };
         Ok(Arc::new(Tablet {
             id: record.id,
@@ -217,6 +272,7 @@ impl Tablet {
             range: RwLock::new((record.vshard_lo, record.vshard_hi)),
             init_voters: record.init_voters.clone(),
             generation: AtomicU64::new(record.generation),
+            frozen: std::sync::atomic::AtomicBool::new(record.frozen),
             options,
             segment_dir,
             catalog,
@@ -240,6 +296,8 @@ impl Tablet {
                 dropped_early: Default::default(),
                 published,
                 pending_split: None,
+                adopted: Vec::new(),
+                pending_merge: None,
             }),
         }))
     }
@@ -257,9 +315,21 @@ impl Tablet {
         *self.range.read().expect("range lock poisoned")
     }
 
+    /// Whether `vshard` is in the live range (reads).
     pub fn contains(&self, vshard: u32) -> bool {
         let (lo, hi) = self.range();
         vshard >= lo && u64::from(vshard) < hi
+    }
+
+    /// Whether a write of `vshard` may be applied here: in the live range
+    /// and not frozen for a merge.
+    pub fn accepts(&self, vshard: u32) -> bool {
+        !self.is_frozen() && self.contains(vshard)
+    }
+
+    /// Frozen for a merge (live state).
+    pub fn is_frozen(&self) -> bool {
+        self.frozen.load(Ordering::Acquire)
     }
 
     /// The live range and generation together.
@@ -269,12 +339,15 @@ impl Tablet {
             lo,
             hi,
             generation: self.generation(),
+            frozen: self.is_frozen(),
         }
     }
 
-    /// Moves the live range (apply of `Split`, snapshot install).
+    /// Moves the live range (apply of `Split`, `Freeze`, `Merge`, snapshot
+    /// install).
     pub(crate) fn set_range(&self, r: RangeState) {
         *self.range.write().expect("range lock poisoned") = (r.lo, r.hi);
+        self.frozen.store(r.frozen, Ordering::Release);
         self.generation.store(r.generation, Ordering::Release);
     }
 
@@ -295,6 +368,7 @@ impl Tablet {
             segments: data.segments.iter().map(|(r, _)| r.clone()).collect(),
             replica_id: self.replica_id,
             init_voters: self.init_voters.clone(),
+            frozen: data.published.frozen,
         }
     }
 }
@@ -414,12 +488,7 @@ impl Tablet {
             for f in &d.frozen {
                 rows.extend(f.memtable.scan(namespace, prefix, ts_from, ts_to));
             }
-            let segments = d
-                .segments
-                .iter()
-                .map(|(_, r)| r.clone())
-                .collect::<Vec<_>>();
-            (rows, segments, d.applied_index(), self.range())
+            (rows, d.readers(), d.applied_index(), self.range())
         };
         for seg in &segments {
             rows.extend(from_segment(
@@ -475,12 +544,7 @@ impl Tablet {
                     usize::MAX,
                 ));
             }
-            let segments = d
-                .segments
-                .iter()
-                .map(|(_, r)| r.clone())
-                .collect::<Vec<_>>();
-            (rows, segments, d.applied_index(), range)
+            (rows, d.readers(), d.applied_index(), range)
         };
         let mut rows: Vec<Row> = rows.into_iter().filter(|r| in_range(range, r)).collect();
         for seg in &segments {
@@ -523,14 +587,7 @@ impl Tablet {
             }
             // The segments and the watermark of the same moment as the
             // memtables just read.
-            (
-                d.segments
-                    .iter()
-                    .map(|(_, r)| r.clone())
-                    .collect::<Vec<_>>(),
-                d.applied_index(),
-                range,
-            )
+            (d.readers(), d.applied_index(), range)
         };
         for seg in segments.iter().rev() {
             if let Some(row) = segment_latest(seg, range, namespace, key)? {
@@ -542,6 +599,16 @@ impl Tablet {
 }
 
 impl TabletData {
+    /// Readers of every segment a read covers, oldest first: the published
+    /// ones, then those a `Merge` adopted and has not published yet.
+    pub fn readers(&self) -> Vec<Arc<SegmentReader>> {
+        self.segments
+            .iter()
+            .chain(self.adopted.iter())
+            .map(|(_, r)| r.clone())
+            .collect()
+    }
+
     /// Applied log index (the read watermark).
     pub fn applied_index(&self) -> u64 {
         self.applied.as_ref().map_or(0, |l| l.index())
@@ -576,7 +643,7 @@ impl TabletData {
         if let Some(row) = self.memory_latest(range, namespace, key) {
             return Ok(Some(row));
         }
-        for (_, seg) in self.segments.iter().rev() {
+        for seg in self.readers().iter().rev() {
             if let Some(row) = segment_latest(seg, range, namespace, key)? {
                 return Ok(Some(row));
             }

@@ -33,6 +33,7 @@ struct Plan {
     membership: StoredMembership,
     after: super::RangeState,
     split: Option<super::SplitChild>,
+    merge: Option<super::MergeIn>,
 }
 
 /// What a published seal did.
@@ -42,6 +43,9 @@ pub struct SealDone {
     pub checkpoint: u64,
     /// The split child this seal created on this node, to be opened.
     pub child: Option<TabletRecord>,
+    /// The merge this seal published: (absorbed tablet, its replica here),
+    /// whose catalog rows are gone, to be closed and its files deleted.
+    pub absorbed: Option<(u64, u64)>,
 }
 
 fn plan(tablet: &Tablet, data: &TabletData, seal_index: u64) -> Option<Plan> {
@@ -81,6 +85,7 @@ fn plan(tablet: &Tablet, data: &TabletData, seal_index: u64) -> Option<Plan> {
         membership: frozen.membership.clone(),
         after: frozen.after,
         split: frozen.split.clone(),
+        merge: frozen.merge.clone(),
     })
 }
 
@@ -118,7 +123,7 @@ fn commit(
     plan: Plan,
     mut seg: Option<(SegmentRef, Arc<SegmentReader>)>,
     extra_drops: &[Vec<u8>],
-) -> Result<Option<TabletRecord>> {
+) -> Result<(Option<TabletRecord>, Option<(u64, u64)>)> {
     if let Some((r, _)) = &mut seg
         && let Some(cold) = data.cold_early.remove(&r.id)
     {
@@ -135,6 +140,14 @@ fn commit(
     }
     let applied_state = encode(&(Some(plan.seal_log_id), plan.membership.clone()));
     let mut record = tablet.record(data, applied_state);
+    // A merge's seal publishes the absorbed tablet's segments, linked into
+    // this tablet's directory, before its own.
+    if plan.merge.is_some() {
+        adopt_files(tablet, data, plan.merge.as_ref().expect("checked"))?;
+        record
+            .segments
+            .extend(data.adopted.iter().map(|(r, _)| r.clone()));
+    }
     if let Some((r, _)) = &seg {
         record.segments.push(r.clone());
     }
@@ -163,6 +176,9 @@ fn commit(
         child
             .as_ref()
             .map(|(r, rows, _)| (r, rows.as_slice(), purged.as_slice())),
+        plan.merge
+            .as_ref()
+            .map(|m| (m.absorbed, m.absorbed_replica)),
     )?;
     let child = match child {
         Some((_, _, links)) if !created => {
@@ -178,6 +194,10 @@ fn commit(
         None => None,
     };
     data.published = plan.after;
+    if plan.merge.is_some() {
+        let adopted = std::mem::take(&mut data.adopted);
+        data.segments.extend(adopted);
+    }
     if let Some(seg) = seg {
         data.segments.push(seg);
     }
@@ -189,7 +209,37 @@ fn commit(
         data.receipts.expire_key(k);
     }
     tablet.stats.seals_published.fetch_add(1, Ordering::Relaxed);
-    Ok(child)
+    Ok((child, plan.merge.map(|m| (m.absorbed, m.absorbed_replica))))
+}
+
+/// Hard-links the files of the segments a merge adopted from the absorbed
+/// replica's directory into this tablet's (a file already evicted to the
+/// cold tier is read from its object, under its owner's key).
+fn adopt_files(tablet: &Tablet, data: &TabletData, m: &super::MergeIn) -> Result<()> {
+    for (s, _) in &data.adopted {
+        let from = m.absorbed_dir.join(segment::file_name(&s.id));
+        let to = tablet.segment_dir.join(segment::file_name(&s.id));
+        if to.exists() {
+            continue;
+        }
+        if from.exists() {
+            std::fs::hard_link(&from, &to).map_err(|e| {
+                Error::io(format!("link {} to {}", from.display(), to.display()), e)
+            })?;
+        } else if s.cold.is_none() {
+            return Err(Error::io(
+                format!(
+                    "merge of tablet {}: segment {} has no file in {} and no cold copy",
+                    m.absorbed,
+                    s.id,
+                    m.absorbed_dir.display()
+                ),
+                std::io::Error::from(std::io::ErrorKind::NotFound),
+            ));
+        }
+    }
+    crate::fsutil::fsync_dir(&tablet.segment_dir)
+        .map_err(|e| Error::io(format!("fsync {}", tablet.segment_dir.display()), e))
 }
 
 /// The catalog record and receipts of the child a split creates on this
@@ -284,6 +334,7 @@ fn split_child(
         segments,
         replica_id,
         init_voters: split.replicas.clone(),
+        frozen: false,
     };
     Ok(Some((record, receipts, links)))
 }
@@ -302,11 +353,17 @@ fn put_back(data: &mut TabletData) {
             if next.split.is_none() {
                 next.split = failed.split;
             }
+            if next.merge.is_none() {
+                next.merge = failed.merge;
+            }
         }
         None => {
             data.memtable.absorb(failed.memtable);
             if failed.split.is_some() {
                 data.pending_split = failed.split;
+            }
+            if failed.merge.is_some() {
+                data.pending_merge = failed.merge;
             }
         }
     }
@@ -323,9 +380,10 @@ pub fn run_seal(tablet: &Tablet, seal_index: u64) -> Result<Option<SealDone>> {
     let mut data = tablet.write();
     let result = built.and_then(|seg| commit(tablet, &mut data, plan, seg, &[]));
     match result {
-        Ok(child) => Ok(Some(SealDone {
+        Ok((child, absorbed)) => Ok(Some(SealDone {
             checkpoint: seal_index,
             child,
+            absorbed,
         })),
         Err(e) => {
             tablet.stats.seal_failures.fetch_add(1, Ordering::Relaxed);

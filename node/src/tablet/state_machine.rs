@@ -45,6 +45,9 @@ struct TabletSnapshot {
     /// snapshots from before splits existed: the installer keeps its own.
     #[serde(default)]
     range: Option<(u32, u64, u64)>,
+    /// Frozen for a merge as of the checkpoint (absent: not frozen).
+    #[serde(default)]
+    frozen: bool,
 }
 
 const SNAPSHOT_V: u16 = 1;
@@ -62,16 +65,142 @@ pub struct StateMachine {
     tablet: Arc<Tablet>,
     seals: SealQueue,
     current: Current,
+    locals: super::Locals,
 }
 
 impl StateMachine {
-    pub fn new(tablet: Arc<Tablet>, seals: SealQueue) -> StateMachine {
+    pub fn new(tablet: Arc<Tablet>, seals: SealQueue, locals: super::Locals) -> StateMachine {
         StateMachine {
             tablet,
             seals,
             current: Current::default(),
+            locals,
         }
     }
+}
+
+/// What a `Merge` takes from the absorbed replica on this node.
+struct Adoptable {
+    segments: Vec<(SegmentRef, Arc<crate::segment::SegmentReader>)>,
+    receipts: Vec<(receipts::ReceiptKey, Receipt)>,
+    clock_us: u64,
+    replica_id: u64,
+    dir: std::path::PathBuf,
+}
+
+/// Waits until the replica of `absorbed` on this node is frozen with every
+/// row published, over range `[lo, hi)`, and takes what a merge adopts.
+/// The controller orders `Merge` only once every voter of the absorbed
+/// tablet reported that state, and the voters of both tablets are on the
+/// same nodes, so the wait is short; it ends with an error only when the
+/// node shuts down.
+async fn adoptable(
+    me: &Tablet,
+    locals: &super::Locals,
+    absorbed: u64,
+    lo: u32,
+    hi: u64,
+) -> io::Result<Adoptable> {
+    let started = std::time::Instant::now();
+    let mut warned = 0u64;
+    loop {
+        if let Some(t) = locals.get(absorbed) {
+            let d = t.read();
+            if d.published.frozen && d.frozen.is_empty() && t.range() == (lo, hi) {
+                let segments = d.segments.clone();
+                let receipts = d.receipts.iter().map(|(k, r)| (k.clone(), r.clone())).collect();
+                return Ok(Adoptable {
+                    segments,
+                    receipts,
+                    clock_us: d.clock_us,
+                    replica_id: t.replica_id,
+                    dir: t.segment_dir.clone(),
+                });
+            }
+        }
+        let waited = started.elapsed().as_secs();
+        if waited >= 10 * (warned + 1) {
+            warned += 1;
+            tracing::warn!(
+                tablet = me.id,
+                absorbed,
+                waited_s = waited,
+                "merge: waiting for the absorbed tablet's replica here to be frozen and sealed"
+            );
+        }
+        tokio::select! {
+            _ = locals.cancel.cancelled() => {
+                return Err(io_err(format!("tablet {}: shutting down during a merge", me.id)));
+            }
+            _ = tokio::time::sleep(std::time::Duration::from_millis(20)) => {}
+        }
+    }
+}
+
+/// Applies a `Merge` whose absorbed replica's state is `from`: the merged
+/// range, the adopted segments (readable at once, published with the seal)
+/// and the union of the receipts, at index `log_id`.
+fn merge(
+    tablet: &Tablet,
+    data: &mut TabletData,
+    log_id: LogId,
+    absorbed: u64,
+    (lo, hi, generation): (u32, u64, u64),
+    from: Adoptable,
+) {
+    let index = log_id.index();
+    let live = tablet.range_state();
+    let merged = super::RangeState {
+        lo: live.lo.min(lo),
+        hi: live.hi.max(hi),
+        generation: generation.max(live.generation),
+        frozen: false,
+    };
+    // Segments both tablets name (shared since a split of one from the
+    // other) are read once.
+    for (seg, reader) in from.segments {
+        let known = data
+            .segments
+            .iter()
+            .chain(data.adopted.iter())
+            .any(|(s, _)| s.id == seg.id);
+        if !known {
+            let seg = SegmentRef {
+                origin: seg.owner(absorbed),
+                ..seg
+            };
+            data.adopted.push((seg, reader));
+        }
+    }
+    // The union of the receipts, each republished with this seal (index
+    // `index`): a batch both tablets applied parts of keeps both parts.
+    for (key, theirs) in from.receipts {
+        let receipt = match data.receipts.get(&key) {
+            Some(mine) => {
+                let mut parts = mine.parts.clone();
+                for p in theirs.parts {
+                    if !parts.contains(&p) {
+                        parts.push(p);
+                    }
+                }
+                Receipt {
+                    v: mine.v,
+                    parts,
+                    at_us: mine.at_us.max(theirs.at_us),
+                    index,
+                }
+            }
+            None => Receipt { index, ..theirs },
+        };
+        data.receipts.insert(key, receipt);
+    }
+    data.clock_us = data.clock_us.max(from.clock_us);
+    let m = super::MergeIn {
+        absorbed,
+        absorbed_replica: from.replica_id,
+        absorbed_dir: from.dir,
+    };
+    freeze(tablet, data, log_id, Change::Merge(m, merged));
 }
 
 /// Applies one batch. Atomic: either every record is applied or none.
@@ -104,6 +233,11 @@ pub(crate) fn apply_batch(
         };
     }
     let (lo, hi) = tablet.range();
+    if tablet.is_frozen() {
+        return TabletResponse::Rejected {
+            reason: format!("tablet {} is frozen for a merge", tablet.id),
+        };
+    }
     if let Some(r) = batch.records.iter().find(|r| !tablet.contains(r.vshard)) {
         return TabletResponse::Rejected {
             reason: format!(
@@ -178,14 +312,31 @@ pub(crate) fn apply_batch(
     }
 }
 
+/// What a seal carries besides its rows.
+enum Change {
+    None,
+    /// The live range becomes `[lo, at)`; the child is created with the
+    /// seal's publish.
+    Split(super::SplitChild),
+    /// The live range becomes the given (frozen) state.
+    Freeze(super::RangeState),
+    /// The live range becomes the merged one; the absorbed replica is
+    /// adopted with the seal's publish.
+    Merge(super::MergeIn, super::RangeState),
+}
+
 /// Freezes the memtable at `log_id` for the seal worker (`Seal`, and the
-/// seal of a `Split`, which also moves the live range to `[lo, at)`). A
-/// split whose earlier seal failed to publish rides on this one.
-fn freeze(tablet: &Tablet, data: &mut TabletData, log_id: LogId, split: Option<super::SplitChild>) {
+/// seals of `Split`, `Freeze` and `Merge`, which also move the live range).
+/// A split or merge whose earlier seal failed to publish rides on this one.
+fn freeze(tablet: &Tablet, data: &mut TabletData, log_id: LogId, change: Change) {
     let live = tablet.range_state();
-    let (split, carried) = match split {
-        Some(s) => (Some(s), false),
-        None => (data.pending_split.take(), true),
+    let (split, carried) = match &change {
+        Change::Split(s) => (Some(s.clone()), false),
+        _ => (data.pending_split.take(), true),
+    };
+    let merge = match &change {
+        Change::Merge(m, _) => Some(m.clone()),
+        _ => data.pending_merge.take(),
     };
     // A carried split's rows came back from its failed seal: they span the
     // range before it.
@@ -193,12 +344,16 @@ fn freeze(tablet: &Tablet, data: &mut TabletData, log_id: LogId, split: Option<s
         (Some(s), true) => super::RangeState { hi: s.hi, ..live },
         _ => live,
     };
-    let after = match &split {
-        Some(s) if s.at > rows_range.lo && u64::from(s.at) < rows_range.hi => super::RangeState {
-            lo: rows_range.lo,
-            hi: u64::from(s.at),
-            generation: s.generation,
-        },
+    let after = match (&change, &split) {
+        (Change::Freeze(r) | Change::Merge(_, r), _) => *r,
+        (_, Some(s)) if s.at > rows_range.lo && u64::from(s.at) < rows_range.hi => {
+            super::RangeState {
+                lo: rows_range.lo,
+                hi: u64::from(s.at),
+                generation: s.generation,
+                frozen: live.frozen,
+            }
+        }
         _ => live,
     };
     if after != live {
@@ -214,7 +369,20 @@ fn freeze(tablet: &Tablet, data: &mut TabletData, log_id: LogId, split: Option<s
         rows_range,
         after,
         split,
+        merge,
     });
+}
+
+impl StateMachine {
+    /// Whether a `Merge` of `absorbed` over `[lo, hi)` applies here: another
+    /// tablet, a range adjacent to this one's, and this one not frozen.
+    fn merge_fits(&self, absorbed: u64, lo: u32, hi: u64) -> bool {
+        let (mlo, mhi) = self.tablet.range();
+        absorbed != self.tablet.id
+            && u64::from(lo) < hi
+            && (mhi == u64::from(lo) || u64::from(mlo) == hi)
+            && !self.tablet.is_frozen()
+    }
 }
 
 impl RaftStateMachine<TabletConfig> for StateMachine {
@@ -234,6 +402,16 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
             let log_id = entry.log_id();
             let index = log_id.index();
             let mut seal = None;
+            // A merge waits (without the tablet lock) for the absorbed
+            // replica on this node; a stale or repeated one does not.
+            let adopt = match &entry.payload {
+                EntryPayload::Normal(TabletCommand::Merge {
+                    absorbed, lo, hi, ..
+                }) if self.merge_fits(*absorbed, *lo, *hi) => Some(
+                    adoptable(&self.tablet, &self.locals, *absorbed, *lo, *hi).await?,
+                ),
+                _ => None,
+            };
             let response = {
                 let mut data = self.tablet.write();
                 let response = match &entry.payload {
@@ -259,11 +437,68 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
                         TabletResponse::None
                     }
                     EntryPayload::Normal(TabletCommand::DropSegment { segment }) => {
-                        crate::tier::retention::drop_segment(&self.tablet, &mut data, segment);
+                        // A frozen tablet's segments are what its merge
+                        // adopts: they stay as they are until then.
+                        if !self.tablet.is_frozen() {
+                            crate::tier::retention::drop_segment(&self.tablet, &mut data, segment);
+                        }
                         TabletResponse::None
                     }
+                    EntryPayload::Normal(TabletCommand::Freeze { generation }) => {
+                        let live = self.tablet.range_state();
+                        if live.frozen {
+                            TabletResponse::None
+                        } else {
+                            let after = super::RangeState {
+                                frozen: true,
+                                generation: (*generation).max(live.generation),
+                                ..live
+                            };
+                            freeze(&self.tablet, &mut data, log_id, Change::Freeze(after));
+                            seal = Some(index);
+                            TabletResponse::Sealed
+                        }
+                    }
+                    EntryPayload::Normal(TabletCommand::Unfreeze) => {
+                        let live = self.tablet.range_state();
+                        if live.frozen {
+                            self.tablet.set_range(super::RangeState {
+                                frozen: false,
+                                ..live
+                            });
+                        }
+                        TabletResponse::None
+                    }
+                    EntryPayload::Normal(TabletCommand::Merge {
+                        absorbed,
+                        lo,
+                        hi,
+                        generation,
+                    }) => match adopt {
+                        Some(from) => {
+                            merge(
+                                &self.tablet,
+                                &mut data,
+                                log_id,
+                                *absorbed,
+                                (*lo, *hi, *generation),
+                                from,
+                            );
+                            seal = Some(index);
+                            TabletResponse::Sealed
+                        }
+                        None => {
+                            let (mlo, mhi) = self.tablet.range();
+                            TabletResponse::Rejected {
+                                reason: format!(
+                                    "merge of tablet {absorbed} [{lo}, {hi}) into tablet {} [{mlo}, {mhi}): not adjacent (already merged, or stale)",
+                                    self.tablet.id
+                                ),
+                            }
+                        }
+                    },
                     EntryPayload::Normal(TabletCommand::Seal { .. }) => {
-                        freeze(&self.tablet, &mut data, log_id, None);
+                        freeze(&self.tablet, &mut data, log_id, Change::None);
                         seal = Some(index);
                         TabletResponse::Sealed
                     }
@@ -291,7 +526,7 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
                                 generation: (*generation).max(self.tablet.generation()),
                                 replicas: child_replicas.clone(),
                             };
-                            freeze(&self.tablet, &mut data, log_id, Some(split));
+                            freeze(&self.tablet, &mut data, log_id, Change::Split(split));
                             seal = Some(index);
                             TabletResponse::Sealed
                         }
@@ -371,7 +606,12 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
         let membership = meta.last_membership.clone();
         let mut data = tablet.write();
         let published = match snap.range {
-            Some((lo, hi, generation)) => super::RangeState { lo, hi, generation },
+            Some((lo, hi, generation)) => super::RangeState {
+                lo,
+                hi,
+                generation,
+                frozen: snap.frozen,
+            },
             None => data.published,
         };
         // The log after the snapshot replays from here: the live range is
@@ -399,6 +639,8 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
             dropped_early: Default::default(),
             published,
             pending_split: None,
+            adopted: Vec::new(),
+            pending_merge: None,
         };
         // The unsealed rows of the snapshot exist nowhere durable on this
         // replica once openraft purges the log up to the snapshot: seal them
@@ -413,6 +655,7 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
                 rows_range: published,
                 after: published,
                 split: None,
+                merge: None,
             });
             super::seal::publish_front(tablet, &mut data, &old_receipts).map_err(io_err)?;
         } else {
@@ -495,6 +738,11 @@ impl RaftSnapshotBuilder<TabletConfig> for SnapshotBuilder {
             segments: data.segments.iter().map(|(r, _)| r.clone()).collect(),
             receipts,
             rows,
+            frozen: if at_checkpoint {
+                data.published.frozen
+            } else {
+                self.tablet.is_frozen()
+            },
             range: Some(if at_checkpoint {
                 (
                     data.published.lo,

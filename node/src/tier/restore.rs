@@ -120,6 +120,7 @@ pub async fn restore(
             segments: m.segments.clone(),
             replica_id: replica,
             init_voters: Vec::new(),
+            frozen: false,
         };
         let receipts: Vec<ReceiptRow> = m
             .receipts
@@ -151,6 +152,7 @@ pub async fn restore(
                 segments: Vec::new(),
                 replica_id: crate::raft::router::replica_id(next, node_id),
                 init_voters: Vec::new(),
+                frozen: false,
             };
             catalog
                 .put_tablet(&record)

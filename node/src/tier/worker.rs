@@ -124,6 +124,10 @@ async fn upload_pending(tier: &Arc<Tier>, leaders: &[&Arc<Replica>]) {
 /// Proposes `DropSegment` for the leader's segments past their namespace's
 /// retention ([`super::retention::plan`]).
 async fn apply_retention(tier: &Tier, r: &Replica, state: &mut State) {
+    // A tablet frozen for a merge keeps its segments for the merge.
+    if r.tablet.is_frozen() {
+        return;
+    }
     let owners: std::collections::HashMap<String, u64> = r
         .tablet
         .read()
