@@ -17,8 +17,8 @@ use tonic::{Request, Response, Status};
 
 use crate::placement::{Cluster, NodeInfo, NodeState, PlacementError, TabletInfo};
 use crate::state::{
-    Admin, CellConfig, CellState, Command, IntentKind, MergePhase, MergeStep, IntentRec, IntentState, NodeRec, Reply,
-    TabletRec, from_cbor, node_of, to_cbor,
+    Admin, CellConfig, CellState, Command, IntentKind, IntentRec, IntentState, MergePhase,
+    MergeStep, NodeRec, Reply, TabletRec, from_cbor, node_of, to_cbor,
 };
 
 #[derive(Debug, Clone)]
@@ -560,10 +560,7 @@ async fn schedule_once(c: &Controller) -> Result<(), Status> {
                             let voters: BTreeSet<u64> = r.voters.iter().copied().collect();
                             let learners_ok = r.learners.iter().all(|l| desired.contains(l));
                             let started = voters.contains(moving) || r.joint;
-                            let target_dead = s
-                                .nodes
-                                .get(&node_of(*moving))
-                                .is_none_or(|n| n.dead);
+                            let target_dead = s.nodes.get(&node_of(*moving)).is_none_or(|n| n.dead);
                             if voters == desired && !r.joint && learners_ok {
                                 c.propose(step(MergeStep::Moved)).await?;
                             } else if !started && (target_dead || in_phase > c.opts.intent_timeout)
@@ -578,11 +575,21 @@ async fn schedule_once(c: &Controller) -> Result<(), Status> {
                             }
                         }
                         None if s.colocating_move(t.id, *absorbed).is_some() => {
-                            tracing::info!(intent = i.id, tablet = t.id, absorbed, "merge: moving a replica to co-locate");
+                            tracing::info!(
+                                intent = i.id,
+                                tablet = t.id,
+                                absorbed,
+                                "merge: moving a replica to co-locate"
+                            );
                             c.propose(step(MergeStep::Move)).await?;
                         }
                         None => {
-                            tracing::info!(intent = i.id, tablet = t.id, absorbed, "merge: co-located; freezing");
+                            tracing::info!(
+                                intent = i.id,
+                                tablet = t.id,
+                                absorbed,
+                                "merge: co-located; freezing"
+                            );
                             c.propose(step(MergeStep::Freeze)).await?;
                         }
                     },
@@ -592,7 +599,12 @@ async fn schedule_once(c: &Controller) -> Result<(), Status> {
                                 .is_some_and(|r| r.frozen)
                         });
                         if frozen {
-                            tracing::info!(intent = i.id, tablet = t.id, absorbed, "merge: frozen everywhere; merging");
+                            tracing::info!(
+                                intent = i.id,
+                                tablet = t.id,
+                                absorbed,
+                                "merge: frozen everywhere; merging"
+                            );
                             c.propose(step(MergeStep::Merge)).await?;
                         } else if in_phase > c.opts.intent_timeout {
                             let reason = format!(
@@ -606,7 +618,12 @@ async fn schedule_once(c: &Controller) -> Result<(), Status> {
                     }
                     MergePhase::Merge => {
                         if report.is_some_and(|r| r.published_generation >= *generation) {
-                            tracing::info!(intent = i.id, tablet = t.id, absorbed, "merge: published; publishing routes");
+                            tracing::info!(
+                                intent = i.id,
+                                tablet = t.id,
+                                absorbed,
+                                "merge: published; publishing routes"
+                            );
                             c.propose(Command::FinishMerge { intent: i.id }).await?;
                             open -= 1;
                         }
@@ -1400,9 +1417,9 @@ impl pb::controller_server::Controller for Api {
             IntentKind::Merge { phase, moving, .. } => {
                 *phase == MergePhase::Merge
                     || (*moving != 0
-                        && c.leaders().get(&i.tablet).is_some_and(|r| {
-                            r.voters.contains(moving) || r.joint
-                        }))
+                        && c.leaders()
+                            .get(&i.tablet)
+                            .is_some_and(|r| r.voters.contains(moving) || r.joint))
             }
         };
         if past {
@@ -1470,9 +1487,7 @@ fn merge_order(
                 generation: 0,
             })
         }
-        Some((survivor, absorbed, lo, hi, generation, MergePhase::Merge))
-            if survivor == t.id =>
-        {
+        Some((survivor, absorbed, lo, hi, generation, MergePhase::Merge)) if survivor == t.id => {
             Some(pb::MergeOrder {
                 action: "merge".into(),
                 absorbed,

@@ -1109,4 +1109,159 @@ mod tests {
         bad.truncate(bad.len() / 2);
         assert!(t.restore(&bad).is_err());
     }
+
+    /// Two tablets of a cell whose nodes differ: 1 on {1, 2, 3}, 2 on
+    /// {1, 2, 4}, with ranges [0, h) and [h, 2^32).
+    fn apart() -> CellState {
+        let mut s = CellState::new();
+        s.apply(Command::Init(CellConfig {
+            cell_id: "c".into(),
+            replication: 3,
+            tablets: 2,
+        }));
+        for (id, z) in [(1, "a"), (2, "b"), (3, "c"), (4, "a")] {
+            s.apply(Command::Register(node(id, z)));
+        }
+        s.apply(Command::Place(vec![(1, vec![1, 2, 3]), (2, vec![1, 2, 4])]));
+        s
+    }
+
+    fn merge_of(s: &mut CellState, a: u64, b: u64) -> Reply {
+        s.apply(Command::StartMerge {
+            a,
+            b,
+            reason: "operator".into(),
+            expect_generation_a: 0,
+            expect_generation_b: 0,
+        })
+    }
+
+    #[test]
+    fn bad_merges_are_refused_and_change_nothing() {
+        let mut s = cell();
+        let before = s.clone();
+        for (a, b, why) in [
+            (1, 1, "itself"),
+            (1, 9, "unknown tablet 9"),
+            (9, 1, "unknown tablet 9"),
+        ] {
+            match merge_of(&mut s, a, b) {
+                Reply::Refused(r) => assert!(r.contains(why), "{r}"),
+                r => panic!("merge {a} {b}: {r:?}"),
+            }
+        }
+        let stale = s.apply(Command::StartMerge {
+            a: 1,
+            b: 2,
+            reason: "operator".into(),
+            expect_generation_a: 999,
+            expect_generation_b: 0,
+        });
+        assert!(matches!(stale, Reply::Refused(r) if r.contains("generation")));
+        // Not adjacent: split tablet 2 and try 1 with the far half.
+        let Reply::Intent(i) = s.apply(Command::StartSplit {
+            tablet: 2,
+            at: 0,
+            reason: "operator".into(),
+            expect_generation: 0,
+        }) else {
+            panic!("split refused")
+        };
+        s.apply(Command::FinishSplit { intent: i });
+        let far = s.tablets.keys().copied().max().unwrap();
+        let mut s2 = s.clone();
+        assert!(
+            matches!(merge_of(&mut s2, 1, far), Reply::Refused(r) if r.contains("not adjacent"))
+        );
+        assert_eq!(s2, s);
+        // Busy: mid-move.
+        s.apply(Command::StartMove {
+            tablet: 1,
+            from: 3,
+            to: 4,
+            reason: "operator".into(),
+            expect_generation: 0,
+        });
+        let mut s3 = s.clone();
+        assert!(matches!(merge_of(&mut s3, 1, 2), Reply::Refused(r) if r.contains("in progress")));
+        assert_eq!(s3, s);
+        assert_ne!(before, s);
+    }
+
+    #[test]
+    fn a_merge_colocates_freezes_merges_and_publishes_one_range() {
+        let mut s = apart();
+        let (h, g0) = (s.tablets[&2].lo, s.route_generation);
+        let Reply::Intent(i) = merge_of(&mut s, 1, 2) else {
+            panic!("refused")
+        };
+        // Tablet 2 (the larger id) absorbs tablet 1; both are busy.
+        assert_eq!(s.intents[&i].tablet, 2);
+        assert_eq!((s.tablets[&1].intent, s.tablets[&2].intent), (i, i));
+        let phase = |s: &CellState| match &s.intents[&i].kind {
+            IntentKind::Merge { phase, .. } => *phase,
+            k => panic!("{k:?}"),
+        };
+        assert_eq!(phase(&s), MergePhase::Colocate);
+        assert_eq!(s.colocating_move(2, 1), Some((3, 4)));
+        // Freezing before co-location is refused.
+        let step = |s: &mut CellState, to| s.apply(Command::MergeStep { intent: i, to });
+        assert!(matches!(step(&mut s, MergeStep::Freeze), Reply::Refused(_)));
+        assert_eq!(step(&mut s, MergeStep::Move), Reply::Ok);
+        let t1 = &s.tablets[&1];
+        assert_eq!(t1.leaving.map(|r| r.node), Some(3));
+        assert!(t1.voters.iter().any(|r| r.node == 4));
+        // One move at a time.
+        assert!(matches!(step(&mut s, MergeStep::Move), Reply::Refused(_)));
+        assert_eq!(step(&mut s, MergeStep::Moved), Reply::Ok);
+        assert!(s.retired[&3].iter().any(|r| r.node == 3));
+        assert_eq!(s.colocating_move(2, 1), None);
+        // Finishing before the merge is ordered is refused.
+        assert!(matches!(
+            s.apply(Command::FinishMerge { intent: i }),
+            Reply::Refused(_)
+        ));
+        assert_eq!(step(&mut s, MergeStep::Freeze), Reply::Ok);
+        assert_eq!(phase(&s), MergePhase::Freeze);
+        assert_eq!(step(&mut s, MergeStep::Merge), Reply::Ok);
+        assert_eq!(phase(&s), MergePhase::Merge);
+        assert_eq!(s.apply(Command::FinishMerge { intent: i }), Reply::Ok);
+        assert!(!s.tablets.contains_key(&1));
+        let t = &s.tablets[&2];
+        assert_eq!((t.lo, t.hi, t.intent), (0, 1 << 32, 0));
+        assert!(t.generation > g0 && h > 0);
+        assert!(matches!(s.intents[&i].state, IntentState::Done { .. }));
+        // Repeated: nothing more.
+        let after = s.clone();
+        assert_eq!(s.apply(Command::FinishMerge { intent: i }), Reply::Ok);
+        assert_eq!(s, after);
+    }
+
+    #[test]
+    fn a_merge_given_up_mid_move_rolls_the_move_back() {
+        let mut s = apart();
+        let Reply::Intent(i) = merge_of(&mut s, 2, 1) else {
+            panic!("refused")
+        };
+        let before = s.tablets[&1].clone();
+        s.apply(Command::MergeStep {
+            intent: i,
+            to: MergeStep::Move,
+        });
+        assert!(s.tablets[&1].leaving.is_some());
+        s.apply(Command::FailIntent {
+            intent: i,
+            reason: "target died".into(),
+        });
+        let t1 = &s.tablets[&1];
+        assert_eq!(t1.voters, before.voters, "the old voter is back");
+        assert!(t1.leaving.is_none());
+        assert_eq!((t1.intent, s.tablets[&2].intent), (0, 0));
+        assert!(
+            s.retired[&4].iter().any(|r| r.node == 4),
+            "the new replica retires"
+        );
+        // Both tablets are free for another merge.
+        assert!(matches!(merge_of(&mut s, 1, 2), Reply::Intent(_)));
+    }
 }

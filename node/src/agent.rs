@@ -396,7 +396,9 @@ impl Agent {
                         "merged away (learned by snapshot): replica removed"
                     ),
                     Ok(false) => {}
-                    Err(e) => tracing::warn!(tablet = x.tablet.id, error = %e, "cannot remove a merged-away replica"),
+                    Err(e) => {
+                        tracing::warn!(tablet = x.tablet.id, error = %e, "cannot remove a merged-away replica")
+                    }
                 }
             }
         }

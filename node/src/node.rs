@@ -1047,7 +1047,10 @@ fn remove_stray_dirs(segments: &Path, records: &[TabletRecord]) -> Result<()> {
             continue;
         };
         if entry.path().is_dir() && !records.iter().any(|r| r.id == id) {
-            tracing::info!(tablet = id, "removing the files of a tablet this node no longer holds");
+            tracing::info!(
+                tablet = id,
+                "removing the files of a tablet this node no longer holds"
+            );
             std::fs::remove_dir_all(entry.path())
                 .map_err(|e| Error::io(format!("remove {}", entry.path().display()), e))?;
         }

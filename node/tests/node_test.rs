@@ -768,3 +768,234 @@ async fn replicas_come_and_go_and_ids_are_never_reused() {
     assert_eq!(r.node.replica(7).unwrap().replica_id, second);
     r.stop().await;
 }
+
+/// A namespace whose vshards lie in `[lo, hi)`.
+fn namespace_in(tag: &str, lo: u32, hi: u64) -> String {
+    (0..)
+        .map(|i| format!("{tag}/n{i}"))
+        .find(|ns| {
+            let (a, b) = vshard::namespace_range(ns);
+            a >= lo && b <= hi
+        })
+        .unwrap()
+}
+
+/// Waits until tablet `id`'s replica here has published its frozen state.
+async fn wait_frozen(node: &Node, id: u64) {
+    for _ in 0..500 {
+        if let Some(r) = node.replica(id) {
+            let d = r.tablet.read();
+            if d.published.frozen && d.frozen.is_empty() {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("tablet {id} never published its freeze");
+}
+
+/// `Freeze` then `Merge` on one node: the frozen tablet refuses writes,
+/// the survivor takes its range, rows (in position order), receipts and
+/// segment files; the absorbed replica's rows and files are gone once the
+/// merge's seal publishes; and a restart before that publish replays the
+/// merge from the journal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merge_adopts_a_frozen_tablet_and_survives_restart() {
+    use stele_proto::command::TabletCommand;
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(dir.path());
+    opts.initial_tablets = 2;
+    let mut r = start(opts.clone()).await;
+    let ts = r.tablets().await;
+    let (t1, t2) = (&ts[0], &ts[1]);
+    assert_eq!((t1.id, t2.id), (1, 2));
+    let ns1 = namespace_in("m", t1.vshard_lo, t1.vshard_hi);
+    let ns2 = namespace_in("m", t2.vshard_lo, t2.vshard_hi);
+    for i in 0..40u64 {
+        r.append(
+            &ns1,
+            1000 + u128::from(i),
+            vec![(b"k", 7, format!("a{i}").into_bytes())],
+            None,
+        )
+        .await
+        .unwrap();
+        r.append(
+            &ns2,
+            2000 + u128::from(i),
+            vec![(b"k", 7, format!("b{i}").into_bytes())],
+            None,
+        )
+        .await
+        .unwrap();
+    }
+    let kept = r
+        .append(&ns1, 1000, vec![(b"k", 7, b"a0".to_vec())], None)
+        .await
+        .unwrap();
+    assert!(kept.duplicate);
+
+    // Freeze tablet 1: sealed, then no writes.
+    let rep1 = r.node.replica(1).unwrap();
+    rep1.raft
+        .client_write(TabletCommand::Freeze { generation: 0 })
+        .await
+        .unwrap();
+    wait_frozen(&r.node, 1).await;
+    let refused = r
+        .append(&ns1, 5000, vec![(b"k", 7, b"late".to_vec())], None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, ApiError::StaleRoute { .. }),
+        "{refused:?}"
+    );
+    // Frozen for good: also after a restart.
+    drop(rep1);
+    r.stop().await;
+    let mut r = start(opts.clone()).await;
+    let refused = r
+        .append(&ns1, 5000, vec![(b"k", 7, b"late".to_vec())], None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, ApiError::StaleRoute { .. }),
+        "{refused:?}"
+    );
+    let rep1 = r.node.replica(1).unwrap();
+    // A merge that is not adjacent, or of the tablet into itself, is
+    // refused at apply and changes nothing.
+    let rep2 = r.node.replica(2).unwrap();
+    let stale = rep2
+        .raft
+        .client_write(TabletCommand::Merge {
+            absorbed: 1,
+            lo: 5,
+            hi: 9,
+            generation: 10,
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            stale.data,
+            stele_proto::command::TabletResponse::Rejected { .. }
+        ),
+        "{:?}",
+        stale.data
+    );
+    assert_eq!(rep2.tablet.range(), (t2.vshard_lo, t2.vshard_hi));
+
+    // Merge tablet 1 into tablet 2, with its seal failing until the
+    // restart: the restart replays the merge from the journal.
+    stele_node::tablet::seal::fail_next_seals(u64::MAX);
+    rep2.raft
+        .client_write(TabletCommand::Merge {
+            absorbed: 1,
+            lo: t1.vshard_lo,
+            hi: t1.vshard_hi,
+            generation: 10,
+        })
+        .await
+        .unwrap();
+    assert_eq!(rep2.tablet.range(), (0, 1 << 32));
+    // Readable at once, before the merge's seal publishes or not.
+    for _ in 0..3 {
+        // Writes to the absorbed range now go to the survivor: same ts,
+        // later position (tablet 2 > tablet 1).
+        let t = pb::TabletDescriptor {
+            id: 2,
+            generation: 10,
+            ..Default::default()
+        };
+        let mut c = r.client.clone();
+        let resp = c
+            .append(pb::AppendRequest {
+                tablet: t.id,
+                generation: t.generation,
+                batch_id: 1000u128.to_be_bytes().to_vec(),
+                namespace: ns1.clone(),
+                records: vec![pb::Record {
+                    key: b"k".to_vec(),
+                    ts: 7,
+                    value: b"a0".to_vec(),
+                    routing_key: None,
+                }],
+                expect: None,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            resp.duplicate,
+            "a batch of the absorbed tablet applied again"
+        );
+        assert_eq!(resp.positions, kept.positions);
+    }
+    let mut c = r.client.clone();
+    c.append(pb::AppendRequest {
+        tablet: 2,
+        generation: 10,
+        batch_id: 7777u128.to_be_bytes().to_vec(),
+        namespace: ns1.clone(),
+        records: vec![pb::Record {
+            key: b"k".to_vec(),
+            ts: 7,
+            value: b"after".to_vec(),
+            routing_key: None,
+        }],
+        expect: None,
+    })
+    .await
+    .unwrap();
+    let check = |rows: Vec<pb::Row>, ns: &str| {
+        let values: Vec<String> = rows
+            .iter()
+            .map(|r| String::from_utf8_lossy(&r.value).into_owned())
+            .collect();
+        let tag = if ns == ns1 { "a" } else { "b" };
+        let mut want: Vec<String> = (0..40).map(|i| format!("{tag}{i}")).collect();
+        if ns == ns1 {
+            want.push("after".into());
+        }
+        assert_eq!(values, want, "{ns}");
+    };
+    // The merge's seal has not published: the absorbed replica is whole.
+    assert!(rep2.tablet.read().published.lo > 0);
+    assert!(dir.path().join("segments").join("1").exists());
+    drop((rep1, rep2));
+    r.stop().await;
+    stele_node::tablet::seal::fail_next_seals(0);
+    let mut r = start(opts.clone()).await;
+    check(r.scan_key(&ns1, b"k").await, &ns1);
+    check(r.scan_key(&ns2, b"k").await, &ns2);
+    assert_eq!(r.scan(&ns1).await.len(), 41);
+    // Once the merge has published, the absorbed replica's catalog rows
+    // and files are gone.
+    for _ in 0..500 {
+        if r.node.replica(1).is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(r.node.replica(1).is_none());
+    assert!(!dir.path().join("segments").join("1").exists());
+    let ts = r.tablets().await;
+    assert_eq!(ts.len(), 1, "{ts:?}");
+    assert_eq!(
+        (ts[0].id, ts[0].vshard_lo, ts[0].vshard_hi),
+        (2, 0, 1 << 32)
+    );
+    let again = r
+        .append(&ns1, 1000, vec![(b"k", 7, b"a0".to_vec())], None)
+        .await
+        .unwrap();
+    assert!(again.duplicate);
+    assert_eq!(again.positions, kept.positions);
+    r.stop().await;
+    // And once more from the published state alone.
+    let mut r = start(opts).await;
+    check(r.scan_key(&ns1, b"k").await, &ns1);
+    check(r.scan_key(&ns2, b"k").await, &ns2);
+    r.stop().await;
+}

@@ -136,7 +136,13 @@ async fn merges_under_writes_with_a_leader_killed_lose_and_double_nothing() {
         key_in(q1, u64::from(q2), "m"),
         key_in(q2, u64::from(ns_lo) + 0x10000, "r"),
     ];
-    let batch = |key: &str| vec![stele_client::record(key.to_string(), 1, key.as_bytes().to_vec())];
+    let batch = |key: &str| {
+        vec![stele_client::record(
+            key.to_string(),
+            1,
+            key.as_bytes().to_vec(),
+        )]
+    };
     let mut first = Vec::new();
     for (n, key) in keys.iter().enumerate() {
         let id = [n as u8 + 1; 16];
@@ -152,20 +158,11 @@ async fn merges_under_writes_with_a_leader_killed_lose_and_double_nothing() {
     let before = writer.acked_count();
     writer.take_longest();
     let started = Instant::now();
-    let i = cell.json_retrying_busy(&[
-        "tablet",
-        "merge",
-        &middle.to_string(),
-        &right.to_string(),
-    ]);
+    let i = cell.json_retrying_busy(&["tablet", "merge", &middle.to_string(), &right.to_string()]);
     let survivor = i["tablet"].as_u64().unwrap();
     assert_eq!(survivor, middle.max(right), "{i}");
     assert_eq!(i["absorbed"].as_u64().unwrap(), middle.min(right), "{i}");
-    let leader = cell
-        .tablets()
-        .iter()
-        .find(|t| t["id"] == survivor)
-        .unwrap()["leader_node"]
+    let leader = cell.tablets().iter().find(|t| t["id"] == survivor).unwrap()["leader_node"]
         .as_u64()
         .unwrap() as usize;
     nodes.remove(&leader).unwrap().kill9();
@@ -245,7 +242,12 @@ async fn merges_under_writes_with_a_leader_killed_lose_and_double_nothing() {
         }
     }
     for v in acked.iter().filter(|v| !v.starts_with("once-")) {
-        assert_eq!(by_value.get(v), Some(&1), "ScanKey sees {v} {:?}", by_value.get(v));
+        assert_eq!(
+            by_value.get(v),
+            Some(&1),
+            "ScanKey sees {v} {:?}",
+            by_value.get(v)
+        );
     }
     converged(&cell, 1..=3, n).await;
     eprintln!("{n} acknowledged appends checked across 2 splits and 2 merges");

@@ -89,7 +89,32 @@ fn plan(tablet: &Tablet, data: &TabletData, seal_index: u64) -> Option<Plan> {
     })
 }
 
+/// Seal builds still to fail ([`fail_next_seals`]).
+static FAIL_SEALS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Fault injection for tests of a node in-process: the next `n` seal
+/// builds of this process fail as a refused disk write would (rows go
+/// back, the checkpoint stays). 0 disarms.
+pub fn fail_next_seals(n: u64) {
+    FAIL_SEALS.store(n, Ordering::SeqCst);
+}
+
+/// What [`commit`] created or retired besides the segment.
+struct Published {
+    child: Option<TabletRecord>,
+    absorbed: Option<(u64, u64)>,
+}
+
 fn build(tablet: &Tablet, plan: &Plan) -> Result<Option<(SegmentRef, Arc<SegmentReader>)>> {
+    if FAIL_SEALS
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+    {
+        return Err(Error::io(
+            format!("seal of tablet {} (injected)", tablet.id),
+            std::io::Error::other("injected seal failure"),
+        ));
+    }
     if plan.rows.is_empty() {
         return Ok(None);
     }
@@ -123,7 +148,7 @@ fn commit(
     plan: Plan,
     mut seg: Option<(SegmentRef, Arc<SegmentReader>)>,
     extra_drops: &[Vec<u8>],
-) -> Result<(Option<TabletRecord>, Option<(u64, u64)>)> {
+) -> Result<Published> {
     if let Some((r, _)) = &mut seg
         && let Some(cold) = data.cold_early.remove(&r.id)
     {
@@ -142,8 +167,8 @@ fn commit(
     let mut record = tablet.record(data, applied_state);
     // A merge's seal publishes the absorbed tablet's segments, linked into
     // this tablet's directory, before its own.
-    if plan.merge.is_some() {
-        adopt_files(tablet, data, plan.merge.as_ref().expect("checked"))?;
+    if let Some(m) = &plan.merge {
+        adopt_files(tablet, data, m)?;
         record
             .segments
             .extend(data.adopted.iter().map(|(r, _)| r.clone()));
@@ -155,6 +180,7 @@ fn commit(
     record.vshard_lo = plan.after.lo;
     record.vshard_hi = plan.after.hi;
     record.generation = plan.after.generation;
+    record.frozen = plan.after.frozen;
     let mut drops: Vec<Vec<u8>> = plan
         .drop_receipts
         .iter()
@@ -209,7 +235,10 @@ fn commit(
         data.receipts.expire_key(k);
     }
     tablet.stats.seals_published.fetch_add(1, Ordering::Relaxed);
-    Ok((child, plan.merge.map(|m| (m.absorbed, m.absorbed_replica))))
+    Ok(Published {
+        child,
+        absorbed: plan.merge.map(|m| (m.absorbed, m.absorbed_replica)),
+    })
 }
 
 /// Hard-links the files of the segments a merge adopted from the absorbed
@@ -380,7 +409,7 @@ pub fn run_seal(tablet: &Tablet, seal_index: u64) -> Result<Option<SealDone>> {
     let mut data = tablet.write();
     let result = built.and_then(|seg| commit(tablet, &mut data, plan, seg, &[]));
     match result {
-        Ok((child, absorbed)) => Ok(Some(SealDone {
+        Ok(Published { child, absorbed }) => Ok(Some(SealDone {
             checkpoint: seal_index,
             child,
             absorbed,

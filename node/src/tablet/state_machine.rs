@@ -108,7 +108,11 @@ async fn adoptable(
             let d = t.read();
             if d.published.frozen && d.frozen.is_empty() && t.range() == (lo, hi) {
                 let segments = d.segments.clone();
-                let receipts = d.receipts.iter().map(|(k, r)| (k.clone(), r.clone())).collect();
+                let receipts = d
+                    .receipts
+                    .iter()
+                    .map(|(k, r)| (k.clone(), r.clone()))
+                    .collect();
                 return Ok(Adoptable {
                     segments,
                     receipts,
@@ -407,9 +411,9 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
             let adopt = match &entry.payload {
                 EntryPayload::Normal(TabletCommand::Merge {
                     absorbed, lo, hi, ..
-                }) if self.merge_fits(*absorbed, *lo, *hi) => Some(
-                    adoptable(&self.tablet, &self.locals, *absorbed, *lo, *hi).await?,
-                ),
+                }) if self.merge_fits(*absorbed, *lo, *hi) => {
+                    Some(adoptable(&self.tablet, &self.locals, *absorbed, *lo, *hi).await?)
+                }
                 _ => None,
             };
             let response = {
