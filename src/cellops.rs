@@ -445,6 +445,7 @@ fn tablet_json(t: &pb::CellTablet) -> serde_json::Value {
         "id": t.id, "vshard_lo": t.vshard_lo, "vshard_hi": t.vshard_hi,
         "generation": t.generation, "leader_node": t.leader_node, "intent": t.intent,
         "replicas": t.replicas.iter().map(|r| json!({"replica_id": r.replica_id, "node": r.node, "role": r.role})).collect::<Vec<_>>(),
+        "last_change": t.last_change.as_ref().map(intent_json),
     })
 }
 
@@ -569,6 +570,9 @@ pub async fn run_tablet(cmd: TabletCommand) -> anyhow::Result<()> {
                         "replica    {} on node {} ({})",
                         r.replica_id, r.node, r.role
                     );
+                }
+                if let Some(i) = &t.last_change {
+                    println!("changed    by intent {}: {} — {}", i.id, i.kind, i.state);
                 }
             }
             Ok(())

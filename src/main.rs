@@ -173,10 +173,15 @@ struct ServerArgs {
     /// Controller: how long a split mark must hold, ms.
     #[arg(long, default_value_t = 60_000)]
     split_window_ms: u64,
-    /// Controller: no automatic split of a tablet this soon after it last
-    /// split or was made, ms.
+    /// Controller: no automatic split or merge of a tablet this soon after
+    /// it last split, merged or was made, ms.
     #[arg(long, default_value_t = 300_000)]
     split_cooldown_ms: u64,
+    /// Controller: merge two adjacent tablets by themselves when their
+    /// bytes and rates together stay below this percent of every split
+    /// mark that is on, over a window (0: never; at most 50).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=50))]
+    merge_below_percent: u64,
     #[arg(long)]
     listen: SocketAddr,
     #[arg(long)]
@@ -738,6 +743,7 @@ fn run() -> anyhow::Result<()> {
                         reads_per_s: a.split_reads_per_s,
                         window: Duration::from_millis(a.split_window_ms),
                         cooldown: Duration::from_millis(a.split_cooldown_ms),
+                        merge_below_percent: a.merge_below_percent,
                     };
                     Some(co)
                 } else {

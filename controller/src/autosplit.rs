@@ -1,13 +1,18 @@
-//! Automatic split decisions: pure, from load samples a leader collects
-//! from heartbeats, unit-tested without I/O.
+//! Automatic split and merge decisions: pure, from load samples a leader
+//! collects from heartbeats, unit-tested without I/O.
 //!
 //! A tablet splits when, over a whole window, its sealed bytes stay at or
 //! above the size mark, or its write or read rate stays at or above the
-//! rate mark, and no topology change touched it for a cooldown. A split
-//! halves the load of each half, so a load sitting at the mark splits a
-//! tablet once, not back and forth; the cooldown keeps a burst from
-//! splitting the halves again at once. (Merges, the low marks, are not
-//! built yet.)
+//! rate mark, and no topology change touched it for a cooldown. Two
+//! adjacent tablets merge when, over a whole window, their bytes and rates
+//! added up stay below the low marks (`merge_below_percent` of each high
+//! mark), both past their cooldowns.
+//!
+//! Hysteresis: a split leaves two halves of about half the mark each,
+//! whose sum (the mark) is far above the low mark, so they do not merge
+//! back; a merge leaves a tablet below the low mark, far below the high
+//! one, so it does not split back. The cooldown keeps a burst from
+//! changing the same tablet again at once.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -23,8 +28,13 @@ pub struct SplitPolicy {
     pub reads_per_s: u64,
     /// How long a mark must hold.
     pub window: Duration,
-    /// No automatic split of a tablet this soon after its last change.
+    /// No automatic split or merge of a tablet this soon after its last
+    /// change.
     pub cooldown: Duration,
+    /// Merge adjacent tablets whose combined load stays below this percent
+    /// of every high mark that is on (0: no automatic merges; at most 50,
+    /// so a merge can never produce a tablet that splits).
+    pub merge_below_percent: u64,
 }
 
 impl Default for SplitPolicy {
@@ -35,6 +45,7 @@ impl Default for SplitPolicy {
             reads_per_s: 0,
             window: Duration::from_secs(60),
             cooldown: Duration::from_secs(300),
+            merge_below_percent: 0,
         }
     }
 }
@@ -80,6 +91,74 @@ impl TabletLoad {
         self.samples.clear();
         self.changed_at = Some(at);
     }
+}
+
+/// What one tablet's samples say over its window: (span, bytes at most,
+/// write rate, read rate), once the window is full and the cooldown over.
+fn settled(
+    load: &TabletLoad,
+    policy: &SplitPolicy,
+    now: Duration,
+) -> Option<(Duration, u64, f64, f64)> {
+    let changed = load.changed_at?;
+    if now.saturating_sub(changed) < policy.cooldown {
+        return None;
+    }
+    let (first, last) = (load.samples.front()?, load.samples.back()?);
+    let span = last.at.saturating_sub(first.at);
+    if span < policy.window {
+        return None;
+    }
+    let rate = |a: u64, b: u64| (b.saturating_sub(a)) as f64 / span.as_secs_f64();
+    let bytes = load
+        .samples
+        .iter()
+        .map(|s| s.segment_bytes)
+        .max()
+        .unwrap_or(0);
+    Some((
+        span,
+        bytes,
+        rate(first.records_applied, last.records_applied),
+        rate(first.reads_served, last.reads_served),
+    ))
+}
+
+/// Why the adjacent tablets of `a` and `b` should merge now under
+/// `policy`, if they should: both settled, and every mark that is on
+/// (bytes, writes, reads) above their combined load by the low-mark
+/// factor. With no mark on at all, nothing merges.
+pub fn should_merge(
+    a: &TabletLoad,
+    b: &TabletLoad,
+    policy: &SplitPolicy,
+    now: Duration,
+) -> Option<String> {
+    let pct = policy.merge_below_percent.min(50);
+    if pct == 0 {
+        return None;
+    }
+    let (span_a, bytes_a, writes_a, reads_a) = settled(a, policy, now)?;
+    let (span_b, bytes_b, writes_b, reads_b) = settled(b, policy, now)?;
+    let low = |mark: u64| mark as f64 * pct as f64 / 100.0;
+    let marks = [
+        (policy.bytes, (bytes_a + bytes_b) as f64, "bytes"),
+        (policy.writes_per_s, writes_a + writes_b, "writes/s"),
+        (policy.reads_per_s, reads_a + reads_b, "reads/s"),
+    ];
+    let on: Vec<_> = marks.iter().filter(|(mark, _, _)| *mark > 0).collect();
+    if on.is_empty() || on.iter().any(|(mark, load, _)| *load >= low(*mark)) {
+        return None;
+    }
+    let why: Vec<String> = on
+        .iter()
+        .map(|(mark, load, what)| format!("{load:.0} {what} < {:.0}", low(*mark)))
+        .collect();
+    Some(format!(
+        "auto: merged load {} over {}s",
+        why.join(", "),
+        span_a.min(span_b).as_secs()
+    ))
 }
 
 /// Why `load` should split now under `policy`, if it should.
@@ -132,6 +211,7 @@ mod tests {
             reads_per_s: 0,
             window: Duration::from_secs(60),
             cooldown: Duration::from_secs(300),
+            merge_below_percent: 25,
         }
     }
 
@@ -266,5 +346,109 @@ mod tests {
             tablets = next;
         }
         assert_eq!(splits, 1, "a load at the mark splits once, then holds");
+    }
+
+    #[test]
+    fn a_cold_pair_merges_after_its_cooldown_and_a_warm_one_does_not() {
+        let p = policy();
+        let (mut a, mut b) = (TabletLoad::default(), TabletLoad::default());
+        a.reset(Duration::ZERO);
+        b.reset(Duration::from_secs(100));
+        feed(&mut a, 0, 399, 10, 100);
+        feed(&mut b, 100, 399, 10, 100);
+        // b's cooldown runs to 400.
+        assert_eq!(should_merge(&a, &b, &p, Duration::from_secs(398)), None);
+        feed(&mut a, 399, 420, 10, 100);
+        feed(&mut b, 399, 420, 10, 100);
+        let why = should_merge(&a, &b, &p, Duration::from_secs(419)).unwrap();
+        assert!(why.starts_with("auto: merged load"), "{why}");
+        // 20 + 10 writes/s against a low mark of 25: no.
+        let mut c = TabletLoad::default();
+        c.reset(Duration::ZERO);
+        feed(&mut c, 0, 420, 20, 100);
+        assert_eq!(should_merge(&a, &c, &p, Duration::from_secs(419)), None);
+        // Big together: 2 x 200 bytes against 250.
+        let (mut d, mut e) = (TabletLoad::default(), TabletLoad::default());
+        d.reset(Duration::ZERO);
+        e.reset(Duration::ZERO);
+        feed(&mut d, 0, 420, 0, 200);
+        feed(&mut e, 0, 420, 0, 200);
+        assert_eq!(should_merge(&d, &e, &p, Duration::from_secs(419)), None);
+        // Off: no merges at all.
+        let off = SplitPolicy {
+            merge_below_percent: 0,
+            ..p
+        };
+        assert_eq!(should_merge(&a, &b, &off, Duration::from_secs(419)), None);
+    }
+
+    /// Ten minutes of simulated time for loads around both marks: a
+    /// namespace's tablets (adjacent, in order) split and merge whenever
+    /// the policy says, the load spread evenly over them. A load at the
+    /// high mark splits once; one at the low mark never merges; one just
+    /// below it merges once; none of them goes back and forth.
+    #[test]
+    fn loads_at_either_mark_do_not_oscillate() {
+        let p = policy();
+        // (tablets at the start, namespace writes/s) -> (splits, merges).
+        let cases = [
+            (1, p.writes_per_s, (1, 0)),
+            (2, p.writes_per_s / 4 + 1, (0, 0)),
+            (2, p.writes_per_s / 4 - 2, (0, 1)),
+            // Cold: two pairs merge after the cooldown; the two results'
+            // own cooldowns run past the ten minutes.
+            (4, 0, (0, 2)),
+        ];
+        for (start, total, want) in cases {
+            let fresh = |now| {
+                let mut l = TabletLoad::default();
+                l.reset(now);
+                (l, 0u64)
+            };
+            let mut tablets: Vec<(TabletLoad, u64)> =
+                (0..start).map(|_| fresh(Duration::ZERO)).collect();
+            let (mut splits, mut merges) = (0, 0);
+            for t in 0..600u64 {
+                let now = Duration::from_secs(t);
+                let share = total / tablets.len() as u64;
+                for (load, records) in &mut tablets {
+                    *records += share;
+                    load.push(
+                        LoadSample {
+                            at: now,
+                            segment_bytes: 0,
+                            records_applied: *records,
+                            reads_served: 0,
+                        },
+                        p.window,
+                    );
+                }
+                let mut next = Vec::new();
+                let mut i = 0;
+                while i < tablets.len() {
+                    if should_split(&tablets[i].0, &p, now).is_some() {
+                        splits += 1;
+                        next.push(fresh(now));
+                        next.push(fresh(now));
+                        i += 1;
+                    } else if i + 1 < tablets.len()
+                        && should_merge(&tablets[i].0, &tablets[i + 1].0, &p, now).is_some()
+                    {
+                        merges += 1;
+                        next.push(fresh(now));
+                        i += 2;
+                    } else {
+                        next.push(std::mem::take(&mut tablets[i]));
+                        i += 1;
+                    }
+                }
+                tablets = next;
+            }
+            assert_eq!(
+                (splits, merges),
+                want,
+                "{start} tablets at {total} writes/s"
+            );
+        }
     }
 }

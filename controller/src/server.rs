@@ -719,6 +719,58 @@ async fn schedule_once(c: &Controller) -> Result<(), Status> {
             load.reset(at);
         }
     }
+    // Automatic merges: adjacent idle tablets whose load together stays
+    // under the low marks for a whole window, both past their cooldowns.
+    let mut pairs = Vec::new();
+    if c.opts.split.merge_below_percent > 0 {
+        let h = c.health.lock().expect("lock poisoned");
+        let at = h.epoch.map(|e| e.elapsed()).unwrap_or_default();
+        let idle = |t: &TabletRec| t.intent == 0 && t.leaving.is_none() && !t.voters.is_empty();
+        let mut ordered: Vec<&TabletRec> = s.tablets.values().collect();
+        ordered.sort_by_key(|t| t.lo);
+        let mut taken = BTreeSet::new();
+        for w in ordered.windows(2) {
+            let (a, b) = (w[0], w[1]);
+            if a.hi != u64::from(b.lo) || !idle(a) || !idle(b) || taken.contains(&a.id) {
+                continue;
+            }
+            let (Some((_, la)), Some((_, lb))) = (h.loads.get(&a.id), h.loads.get(&b.id)) else {
+                continue;
+            };
+            if let Some(reason) = crate::autosplit::should_merge(la, lb, &c.opts.split, at) {
+                taken.insert(a.id);
+                taken.insert(b.id);
+                pairs.push((a.id, b.id, reason));
+            }
+        }
+    }
+    for (a, b, reason) in pairs {
+        if open >= c.opts.max_intents {
+            break;
+        }
+        tracing::info!(a, b, %reason, "automatic merge");
+        match c
+            .propose(Command::StartMerge {
+                a,
+                b,
+                reason: reason.clone(),
+                expect_generation_a: 0,
+                expect_generation_b: 0,
+            })
+            .await?
+        {
+            Reply::Intent(_) => open += 1,
+            Reply::Refused(why) => tracing::debug!(a, b, %why, "automatic merge refused"),
+            Reply::Ok => {}
+        }
+        let mut h = c.health.lock().expect("lock poisoned");
+        let at = h.epoch.get_or_insert_with(Instant::now).elapsed();
+        for t in [a, b] {
+            if let Some((_, load)) = h.loads.get_mut(&t) {
+                load.reset(at);
+            }
+        }
+    }
     // Retired replicas a live node no longer reports are gone.
     {
         let retired: Vec<(u64, crate::state::ReplicaRec)> = s
@@ -1243,6 +1295,7 @@ impl pb::controller_server::Controller for Api {
                     replicas,
                     leader_node: leaders.get(&t.id).map_or(0, |r| node_of(r.replica_id)),
                     intent: t.intent,
+                    last_change: last_change(&s, t.id).map(intent_pb),
                 }
             })
             .collect();
@@ -1503,6 +1556,16 @@ fn merge_order(
         }),
         None => None,
     }
+}
+
+/// The latest split or merge that made or changed `tablet`: one it split
+/// (or was split from), or one it survived.
+fn last_change(s: &CellState, tablet: u64) -> Option<&IntentRec> {
+    s.intents.values().rev().find(|i| match &i.kind {
+        IntentKind::Split { child, .. } => i.tablet == tablet || *child == tablet,
+        IntentKind::Merge { .. } => i.tablet == tablet,
+        _ => false,
+    })
 }
 
 fn intent_reply(c: &Controller, reply: Reply) -> Result<Response<pb::Intent>, Status> {

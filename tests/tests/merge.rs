@@ -348,3 +348,61 @@ async fn merge_colocates_first_and_bad_merges_change_nothing() {
     refused(&["tablet", "merge", &sx, &sy], "in progress");
     assert_eq!(cell.tablets().len(), 3);
 }
+
+/// Two cold adjacent tablets merge by themselves once their cooldowns and
+/// a window have passed; the decision's reason is in the intent and in
+/// `stele tablet show`; nothing merges or splits after that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_pair_merges_by_itself() {
+    let mut cell = ControlledCell::new(1, 3);
+    cell.controller_flags.extend(
+        [
+            "--split-writes-per-s",
+            "1000",
+            "--merge-below-percent",
+            "25",
+            "--split-window-ms",
+            "2000",
+            "--split-cooldown-ms",
+            "3000",
+            "--leader-balance-ms",
+            "0",
+        ]
+        .map(String::from),
+    );
+    let (_controllers, _nodes) = cell.start(2);
+    let client = Client::connect_cell(&cell.controller_endpoints(), client_options())
+        .await
+        .unwrap();
+    // A few records, which must survive the merge.
+    let writer = Writer::start(client.clone(), NS, 1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let n = writer.stop_and_check(&client).await;
+    let started = Instant::now();
+    while cell.tablets().len() > 1 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no automatic merge after 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    eprintln!("automatic merge after {:?}", started.elapsed());
+    let t = &cell.tablets()[0];
+    let id = t["id"].as_u64().unwrap().to_string();
+    let shown: serde_json::Value = cell.json(&["tablet", "show", &id]);
+    let reason = shown["last_change"]["reason"].as_str().unwrap_or_default();
+    assert!(reason.starts_with("auto: merged load"), "{shown}");
+    let (ok, text, _) = {
+        let ctl = cell.controllers_arg();
+        stele_tests::run(&["tablet", "show", &id, "--controllers", &ctl])
+    };
+    assert!(ok && text.contains("auto: merged load"), "{text}");
+    let rows = client
+        .scan_all(NS, 0, 0, b"", ReadOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), n, "the merge kept every record once");
+    cell.wait_settled(Duration::from_secs(60));
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(cell.tablets().len(), 1, "a quiet cell changed again");
+}
