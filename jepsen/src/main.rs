@@ -126,6 +126,22 @@ fn main() -> std::process::ExitCode {
                 controlled,
                 workload,
             } => {
+                let label = if nemesis.contains(&Nemesis::All) {
+                    "all".to_string()
+                } else {
+                    nemesis
+                        .iter()
+                        .map(|n| format!("{n:?}").to_lowercase())
+                        .collect::<Vec<_>>()
+                        .join("+")
+                };
+                let (nemesis, controlled) = if nemesis.contains(&Nemesis::All) {
+                    let faketime =
+                        std::path::Path::new(stele_jepsen::cell::FAKETIME_LIB).exists();
+                    (Nemesis::all(netns, faketime), true)
+                } else {
+                    (nemesis, controlled)
+                };
                 let name = format!(
                     "{}{}-seed{seed}{}",
                     match workload {
@@ -133,11 +149,7 @@ fn main() -> std::process::ExitCode {
                         Workload::Register => "register-",
                         Workload::ListAppend => "",
                     },
-                    nemesis
-                        .iter()
-                        .map(|n| format!("{n:?}").to_lowercase())
-                        .collect::<Vec<_>>()
-                        .join("+"),
+                    label,
                     if unsafe_local_reads { "-unsafe" } else { "" }
                 );
                 let opts = RunOptions {
@@ -183,10 +195,11 @@ fn main() -> std::process::ExitCode {
                     ),
                     ("partition", vec![Nemesis::Partition], false, false, 13),
                     (
-                        "churn+split+kill+kill-controller",
+                        "churn+split+merge+kill+kill-controller",
                         vec![
                             Nemesis::Churn,
                             Nemesis::Split,
+                            Nemesis::Merge,
                             Nemesis::Kill,
                             Nemesis::KillController,
                         ],

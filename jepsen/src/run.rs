@@ -96,6 +96,40 @@ pub enum Nemesis {
     /// namespace at a random vshard inside it, under the workload (at most
     /// eight tablets per namespace).
     Split,
+    /// Merge (controlled cells): merge two adjacent tablets of the
+    /// workload's namespace, under the workload (nothing when one tablet
+    /// holds the whole namespace; pair it with `split`).
+    Merge,
+    /// Every nemesis this machine can run ([`Nemesis::all`]); implies a
+    /// controlled cell.
+    All,
+}
+
+impl Nemesis {
+    /// What `all` stands for here: network faults by namespaces only with
+    /// `netns`, clock faults only with libfaketime installed.
+    pub fn all(netns: bool, faketime: bool) -> Vec<Nemesis> {
+        let mut v = vec![
+            Nemesis::Kill,
+            Nemesis::KillLeader,
+            Nemesis::Pause,
+            Nemesis::Partition,
+            Nemesis::PartitionLeader,
+            Nemesis::PartitionRing,
+            Nemesis::KillController,
+            Nemesis::FsyncFail,
+            Nemesis::Churn,
+            Nemesis::Split,
+            Nemesis::Merge,
+        ];
+        if netns {
+            v.push(Nemesis::Loss);
+        }
+        if faketime {
+            v.push(Nemesis::Clock);
+        }
+        v
+    }
 }
 
 impl std::str::FromStr for Nemesis {
@@ -115,6 +149,8 @@ impl std::str::FromStr for Nemesis {
             "clock" => Nemesis::Clock,
             "churn" => Nemesis::Churn,
             "split" => Nemesis::Split,
+            "merge" => Nemesis::Merge,
+            "all" => Nemesis::All,
             other => return Err(format!("unknown nemesis {other:?}")),
         })
     }
@@ -649,13 +685,11 @@ async fn nemesis(
                 }
                 "loss-30%"
             }
-            Nemesis::Churn | Nemesis::Split => {
-                let done = tokio::task::block_in_place(|| {
-                    if which == Nemesis::Split {
-                        split(cell, namespace, &mut rng)
-                    } else {
-                        churn(cell, ns_lo, &mut rng)
-                    }
+            Nemesis::Churn | Nemesis::Split | Nemesis::Merge => {
+                let done = tokio::task::block_in_place(|| match which {
+                    Nemesis::Split => split(cell, namespace, &mut rng),
+                    Nemesis::Merge => merge(cell, namespace, &mut rng),
+                    _ => churn(cell, ns_lo, &mut rng),
                 });
                 log.push(NemesisEvent {
                     time_ns: rec.now(),
@@ -666,7 +700,7 @@ async fn nemesis(
                 tokio::time::sleep(Duration::from_millis(rng.random_range(t..3 * t))).await;
                 continue;
             }
-            Nemesis::None => continue,
+            Nemesis::None | Nemesis::All => continue,
         };
         faults += 1;
         log.push(NemesisEvent {
@@ -723,6 +757,38 @@ fn split(cell: &Cell, namespace: &str, rng: &mut StdRng) -> String {
     match cell.operator(&args) {
         Ok(v) => format!("split: {} -> {}", args.join(" "), v["state"]),
         Err(e) => format!("split: {} refused: {e}", args.join(" ")),
+    }
+}
+
+/// One merge of two adjacent tablets of the workload's namespace; what
+/// was done.
+fn merge(cell: &Cell, namespace: &str, rng: &mut StdRng) -> String {
+    let (ns_lo, ns_hi) = stele_proto::vshard::namespace_range(namespace);
+    let tablets = match cell.operator(&["tablet", "list"]) {
+        Ok(serde_json::Value::Array(ts)) => ts,
+        other => return format!("merge: tablet list failed: {other:?}"),
+    };
+    let mut ranges: Vec<(u64, u64, u64)> = tablets
+        .iter()
+        .map(|t| {
+            (
+                t["id"].as_u64().unwrap_or(0),
+                t["vshard_lo"].as_u64().unwrap_or(0),
+                t["vshard_hi"].as_u64().unwrap_or(0),
+            )
+        })
+        .filter(|(_, lo, hi)| *lo < ns_hi && *hi > u64::from(ns_lo))
+        .collect();
+    ranges.sort_by_key(|r| r.1);
+    if ranges.len() < 2 {
+        return "merge: one tablet holds the namespace".into();
+    }
+    let i = rng.random_range(0..ranges.len() - 1);
+    let (a, b) = (ranges[i].0.to_string(), ranges[i + 1].0.to_string());
+    let args = ["tablet", "merge", &a, &b, "--wait"];
+    match cell.operator(&args) {
+        Ok(v) => format!("merge: {} -> {}", args.join(" "), v["state"]),
+        Err(e) => format!("merge: {} refused: {e}", args.join(" ")),
     }
 }
 
