@@ -80,6 +80,8 @@ struct Running {
     server: tokio::task::JoinHandle<stele_node::Result<()>>,
     /// Batch ids already used (each ingest continues after them).
     batches: u128,
+    /// The namespace `ingest` and `read_all` use.
+    ns: String,
 }
 
 async fn start(opts: NodeOptions) -> Running {
@@ -107,6 +109,7 @@ async fn start(opts: NodeOptions) -> Running {
         cancel,
         server,
         batches: 0,
+        ns: NS.to_string(),
     }
 }
 
@@ -127,7 +130,7 @@ impl Running {
             .tablets;
         for k in 0..keys {
             let key = format!("key-{k:04}").into_bytes();
-            let v = stele_proto::vshard::vshard(NS, &key);
+            let v = stele_proto::vshard::vshard(&self.ns, &key);
             let t = tablets
                 .iter()
                 .find(|t| v >= t.vshard_lo && u64::from(v) < t.vshard_hi)
@@ -140,7 +143,7 @@ impl Running {
                     tablet: t.id,
                     generation: t.generation,
                     batch_id: batch.to_be_bytes().to_vec(),
-                    namespace: NS.into(),
+                    namespace: self.ns.clone(),
                     records: (0..per_key)
                         .map(|i| pb::Record {
                             key: key.clone(),
@@ -167,7 +170,7 @@ impl Running {
             let r = self
                 .client
                 .scan(pb::ScanRequest {
-                    namespace: NS.into(),
+                    namespace: self.ns.clone(),
                     limit: 100,
                     cursor: cursor.clone(),
                     ..Default::default()
@@ -190,7 +193,7 @@ impl Running {
                 let r = self
                     .client
                     .scan_key(pb::ScanKeyRequest {
-                        namespace: NS.into(),
+                        namespace: self.ns.clone(),
                         key: format!("key-{k:04}").into_bytes(),
                         limit: 4,
                         cursor: cursor.clone(),
@@ -211,7 +214,7 @@ impl Running {
         let g = self
             .client
             .get(pb::GetRequest {
-                namespace: NS.into(),
+                namespace: self.ns.clone(),
                 key: b"key-0003".to_vec(),
                 ..Default::default()
             })
@@ -1087,4 +1090,106 @@ async fn s3_unreachable_for_minutes_fills_the_disk_to_its_reserve_and_loses_noth
     n.stop().await;
     drop(proxy);
     moto.stop();
+}
+
+/// A merge in a cell with a cold tier: the survivor adopts the absorbed
+/// tablet's evicted segments by reference (their objects stay under the
+/// absorbed tablet), publishes a manifest over the merged range, and a
+/// restore from the bucket alone takes the survivor's range, drops the
+/// absorbed tablet's stale manifest and reads every row back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restore_after_a_merge_takes_the_survivors_range() {
+    use stele_proto::command::TabletCommand;
+    let bucket = tempfile::tempdir().unwrap();
+    let opts = tier_options(&format!("file://{}", bucket.path().display()));
+    let dir = tempfile::tempdir().unwrap();
+    let tier = Tier::open(opts.clone()).expect("tier");
+    let mut n = start(options(dir.path(), tier.clone())).await;
+    // Rows in the tablet to be absorbed (tablet 1, [0, 2^31)).
+    n.ns = (0..)
+        .map(|i| format!("{NS}-{i}"))
+        .find(|ns| u64::from(stele_proto::vshard::namespace_range(ns).1) < 1 << 31)
+        .unwrap();
+    n.ingest(40, 10).await;
+    let acked = n.read_all().await;
+    n.seal_all().await;
+    n.wait_all_cold().await;
+    wait_manifests(&tier, 1).await;
+    let (r1, r2) = (n.node.replica(1).unwrap(), n.node.replica(2).unwrap());
+    r1.raft
+        .client_write(TabletCommand::Freeze { generation: 0 })
+        .await
+        .unwrap();
+    let (alo, ahi) = r1.tablet.range();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !{
+        let d = r1.tablet.read();
+        d.published.frozen && d.frozen.is_empty()
+    } {
+        assert!(std::time::Instant::now() < deadline, "never frozen");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    r2.raft
+        .client_write(TabletCommand::Merge {
+            absorbed: 1,
+            lo: alo,
+            hi: ahi,
+            generation: 50,
+        })
+        .await
+        .unwrap();
+    drop((r1, r2));
+    // The survivor's manifest over the merged range.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let g = stele_node::tier::manifest::latest_generation(
+            tier.store.as_ref(),
+            &tier.prefix,
+            &tier.options.cell,
+            2,
+        )
+        .await
+        .unwrap();
+        if let Some(g) = g {
+            let m = stele_node::tier::manifest::read(
+                tier.store.as_ref(),
+                &tier.prefix,
+                &tier.options.cell,
+                2,
+                g,
+            )
+            .await
+            .unwrap();
+            if m.vshard_lo == 0 {
+                break;
+            }
+        }
+        assert!(std::time::Instant::now() < deadline, "no merged manifest");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(n.read_all().await.0, acked.0, "Scan after the merge");
+    let acked_ns = n.ns.clone();
+    n.stop().await;
+    drop(tier);
+    std::fs::remove_dir_all(dir.path()).unwrap();
+
+    let restored = tempfile::tempdir().unwrap();
+    let tier = Tier::open(opts).expect("tier");
+    let report = stele_node::tier::restore::restore(&tier, restored.path(), 1, None)
+        .await
+        .expect("restore");
+    assert_eq!(
+        report.tablets.iter().map(|t| t.0).collect::<Vec<_>>(),
+        vec![2],
+        "{report:?}"
+    );
+    assert!(report.empty_tablets.is_empty(), "{report:?}");
+    let mut n = start(options(restored.path(), tier.clone())).await;
+    n.ns = acked_ns;
+    let back = n.read_all().await;
+    assert!(!back.0.is_empty());
+    assert_eq!(back.0, acked.0, "Scan after restore");
+    assert_eq!(back.1, acked.1, "ScanKey after restore");
+    n.ingest(50, 1).await;
+    n.stop().await;
 }

@@ -90,6 +90,11 @@ pub async fn restore(
             ),
         }));
     }
+    let manifests = if only.is_none() {
+        latest_ranges(manifests)?
+    } else {
+        manifests
+    };
     std::fs::create_dir_all(data_dir).map_err(|e| Error::Io {
         context: format!("create {}", data_dir.display()),
         source: e,
@@ -140,6 +145,8 @@ pub async fn restore(
     }
     if only.is_none() {
         let first = manifests.iter().map(|m| m.tablet).max().unwrap_or(0) + 1;
+        // (Ids past every restored tablet: one merged away had a smaller
+        // id than its survivor, so it is never reused here.)
         for (next, (lo, hi)) in (first..).zip(gaps(&manifests)) {
             let record = TabletRecord {
                 v: 1,
@@ -161,6 +168,63 @@ pub async fn restore(
         }
     }
     Ok(report)
+}
+
+/// Resolves manifests whose ranges overlap: each vshard belongs to the
+/// manifest of the highest range generation that covers it. A tablet a
+/// merge absorbed (its last manifest from before the merge) is dropped; a
+/// split parent whose last manifest predates the split is cut back to the
+/// part its child does not hold (its segments hold both halves' rows, and
+/// a tablet reads only its range). A remainder in two pieces cannot come
+/// from splits and merges and is refused.
+fn latest_ranges(mut manifests: Vec<Manifest>) -> Result<Vec<Manifest>> {
+    manifests.sort_by(|a, b| {
+        b.tablet_generation
+            .cmp(&a.tablet_generation)
+            .then(b.tablet.cmp(&a.tablet))
+    });
+    let mut claimed: Vec<(u64, u64)> = Vec::new();
+    let mut out = Vec::new();
+    for mut m in manifests {
+        let mut free = vec![(u64::from(m.vshard_lo), m.vshard_hi)];
+        for &(clo, chi) in &claimed {
+            free = free
+                .into_iter()
+                .flat_map(|(lo, hi)| {
+                    if chi <= lo || clo >= hi {
+                        vec![(lo, hi)]
+                    } else {
+                        [(lo, clo.max(lo)), (chi.min(hi), hi)]
+                            .into_iter()
+                            .filter(|(a, b)| a < b)
+                            .collect()
+                    }
+                })
+                .collect();
+        }
+        match free.as_slice() {
+            [] => {
+                tracing::info!(
+                    tablet = m.tablet,
+                    "restore: a tablet of a later generation holds this tablet's whole range (merged away)"
+                );
+            }
+            [(lo, hi)] => {
+                claimed.push((u64::from(m.vshard_lo), m.vshard_hi));
+                m.vshard_lo = *lo as u32;
+                m.vshard_hi = *hi;
+                out.push(m);
+            }
+            _ => {
+                return Err(Error::Other(format!(
+                    "tablet {}'s manifest range [{}, {}) is split in pieces by later tablets",
+                    m.tablet, m.vshard_lo, m.vshard_hi
+                )));
+            }
+        }
+    }
+    out.sort_by_key(|m| m.tablet);
+    Ok(out)
 }
 
 /// vshard ranges `[lo, hi)` no manifest covers.
@@ -191,7 +255,9 @@ async fn fetch_segment(
     seg: &crate::catalog::SegmentRef,
     dir: &Path,
 ) -> Result<u64> {
-    let key = tier.segment_key(tablet, &seg.id);
+    // A segment shared since a split or adopted by a merge keeps its
+    // object under the tablet that sealed it.
+    let key = tier.segment_key(seg.owner(tablet), &seg.id);
     let body = match tier.store.get(&key).await {
         Ok(r) => r.bytes().await?,
         Err(object_store::Error::NotFound { .. }) => {
@@ -259,5 +325,51 @@ mod tests {
             vec![(50, 100), (200, 1 << 32)]
         );
         assert_eq!(gaps(&[m(1, 0, 1 << 32)]), vec![]);
+    }
+}
+
+#[cfg(test)]
+mod resolve_tests {
+    use super::*;
+
+    fn m(tablet: u64, tablet_generation: u64, lo: u32, hi: u64) -> Manifest {
+        Manifest {
+            v: manifest::MANIFEST_V,
+            cell: "c".into(),
+            tablet,
+            generation: 1,
+            tablet_generation,
+            vshard_lo: lo,
+            vshard_hi: hi,
+            checkpoint: 0,
+            segments: Vec::new(),
+            receipt_window_us: 0,
+            receipts: Vec::new(),
+        }
+    }
+
+    fn ranges(ms: &[Manifest]) -> Vec<(u64, u32, u64)> {
+        ms.iter()
+            .map(|m| (m.tablet, m.vshard_lo, m.vshard_hi))
+            .collect()
+    }
+
+    #[test]
+    fn a_merged_away_tablet_is_dropped_and_a_stale_parent_cut_back() {
+        // Tablet 1 [0, 100) split into 1 and 2 [50, 100) at generation 5,
+        // but 1's last manifest predates it; 3 absorbed 4 at generation 9.
+        let got = latest_ranges(vec![
+            m(1, 1, 0, 100),
+            m(2, 5, 50, 100),
+            m(4, 3, 100, 200),
+            m(3, 9, 100, 300),
+        ])
+        .unwrap();
+        assert_eq!(ranges(&got), vec![(1, 0, 50), (2, 50, 100), (3, 100, 300)]);
+        // Disjoint ranges are left alone.
+        let got = latest_ranges(vec![m(1, 1, 0, 10), m(2, 1, 10, 20)]).unwrap();
+        assert_eq!(ranges(&got), vec![(1, 0, 10), (2, 10, 20)]);
+        // A remainder in two pieces is refused.
+        assert!(latest_ranges(vec![m(1, 1, 0, 100), m(2, 5, 40, 60)]).is_err());
     }
 }
