@@ -1108,7 +1108,7 @@ async fn restore_after_a_merge_takes_the_survivors_range() {
     // Rows in the tablet to be absorbed (tablet 1, [0, 2^31)).
     n.ns = (0..)
         .map(|i| format!("{NS}-{i}"))
-        .find(|ns| u64::from(stele_proto::vshard::namespace_range(ns).1) < 1 << 31)
+        .find(|ns| stele_proto::vshard::namespace_range(ns).1 < 1 << 31)
         .unwrap();
     n.ingest(40, 10).await;
     let acked = n.read_all().await;
