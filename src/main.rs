@@ -33,7 +33,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a single-node cell on embedded defaults (plaintext, loopback).
-    Dev(DevArgs),
+    Dev(Box<DevArgs>),
     /// Run a storage node, a controller, or both (`--roles`).
     Server(Box<ServerArgs>),
     /// Create and inspect a controller-managed cell.
@@ -223,6 +223,10 @@ struct Tuning {
     /// tablet's data reaches a segment (and the cold tier) in bounded time.
     #[arg(long, default_value_t = 300)]
     memtable_age_max_s: u64,
+    /// Compact runs of (at least 4) segments smaller than a quarter of this
+    /// into segments of up to this many bytes; 0 turns compaction off.
+    #[arg(long, default_value_t = 64 << 20)]
+    compact_target_bytes: u64,
     /// Roll journal files at this size.
     #[arg(long, default_value_t = 64 << 20)]
     journal_file_bytes_max: u64,
@@ -361,6 +365,10 @@ impl Tuning {
             ("--memtable-bytes-max", self.memtable_bytes_max.to_string()),
             ("--memtable-age-max-s", self.memtable_age_max_s.to_string()),
             (
+                "--compact-target-bytes",
+                self.compact_target_bytes.to_string(),
+            ),
+            (
                 "--journal-file-bytes-max",
                 self.journal_file_bytes_max.to_string(),
             ),
@@ -401,6 +409,7 @@ fn node_options(
     o.advertise = advertise;
     o.tablet.memtable_bytes_max = t.memtable_bytes_max;
     o.tablet.memtable_age_max_us = t.memtable_age_max_s.saturating_mul(1_000_000);
+    o.tablet.compact_target_bytes = t.compact_target_bytes;
     o.journal.file_bytes_max = t.journal_file_bytes_max;
     o.journal.linger = Duration::from_micros(t.linger_us);
     o.journal.reserve_bytes = t.journal_reserve_bytes;

@@ -102,6 +102,7 @@ async fn main() {
             ts_max: info.ts_max,
             cold: None,
             origin: 0,
+            shared: false,
         });
     }
     let total: u64 = refs.iter().map(|r| r.bytes).sum();

@@ -54,6 +54,11 @@ pub struct SegmentRef {
     /// stay under the parent's key. 0 (omitted): this tablet.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub origin: u64,
+    /// Named by more than one tablet since a split (the parent's copy and
+    /// the child's): never compacted, since a later merge of the two would
+    /// then read its rows twice. Omitted when false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub shared: bool,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -440,6 +445,7 @@ mod tests {
                 ts_max: 0,
                 cold: None,
                 origin: 0,
+                shared: false,
             });
             let rows = vec![ReceiptRow {
                 key: b"k1".to_vec(),

@@ -894,6 +894,20 @@ impl Node {
         Ok(())
     }
 
+    /// Proposes a compaction of `inputs` (segment ids of `tablet`).
+    pub async fn compact(&self, tablet: u64, inputs: Vec<String>) -> Result<()> {
+        let r = self
+            .replica(tablet)
+            .ok_or(stele_proto::Error::TabletNotFound { tablet })?;
+        r.raft
+            .client_write(TabletCommand::Compact { inputs })
+            .await
+            .map_err(|e| stele_proto::Error::Unavailable {
+                reason: e.to_string(),
+            })?;
+        Ok(())
+    }
+
     /// Stops background work and every Raft group, and flushes the journal.
     pub async fn shutdown(&self) {
         self.cancel.cancel();
@@ -1135,9 +1149,42 @@ async fn policy_loop(node: Arc<Node>) {
                 to_seal.push((id, SealReason::JournalTrim));
             }
         }
+        // Compactions: a leader with no seal in flight and a run of small
+        // segments (one per tablet and pass: the work per pass is bounded).
+        let mut to_compact = Vec::new();
+        for r in node.replicas() {
+            if to_seal.iter().any(|(t, _)| *t == r.tablet.id)
+                || r.tablet.is_frozen()
+                || !r.is_leader()
+            {
+                continue;
+            }
+            let data = r.tablet.read();
+            if !data.frozen.is_empty() {
+                continue;
+            }
+            let list: Vec<(crate::catalog::SegmentRef, u64)> = data
+                .segments
+                .iter()
+                .map(|(s, reader)| (s.clone(), reader.header().tablet))
+                .collect();
+            let opts = &r.tablet.options;
+            if let Some(inputs) =
+                seal::compaction_plan(&list, opts.compact_target_bytes, opts.compact_min_inputs)
+            {
+                to_compact.push((r.tablet.id, inputs));
+            }
+        }
         for (id, reason) in to_seal {
             if let Err(e) = node.seal(id, reason).await {
                 tracing::warn!(tablet = id, ?reason, error = %e, "seal proposal failed");
+            }
+        }
+        for (id, inputs) in to_compact {
+            let n = inputs.len();
+            match node.compact(id, inputs).await {
+                Ok(()) => tracing::info!(tablet = id, inputs = n, "compaction proposed"),
+                Err(e) => tracing::warn!(tablet = id, error = %e, "compaction proposal failed"),
             }
         }
         match node.journal.trim() {

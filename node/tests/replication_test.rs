@@ -65,6 +65,8 @@ fn options(dir: &std::path::Path, node: u64) -> NodeOptions {
     o.cell_nodes = vec![1, 2, 3];
     o.initial_tablets = 2;
     o.tablet.memtable_bytes_max = 32 * 1024;
+    // Small segments compact in twos: replicas must agree on those too.
+    o.tablet.compact_min_inputs = 2;
     o.journal.reserve_bytes = 0;
     o.disk_reserve_bytes = 0;
     o.policy_interval = Duration::from_millis(50);
@@ -173,13 +175,35 @@ async fn three_replicas_agree_on_segments_and_survive_a_cut_leader() {
                 data.segments.iter().map(|(r, _)| r.id.clone()).collect()
             })
             .collect();
-        if !ids[0].is_empty() && ids.iter().all(|x| *x == ids[0]) {
+        let compacted = nodes.iter().all(|n| {
+            n.replica(tablet)
+                .unwrap()
+                .tablet
+                .stats
+                .compactions
+                .load(std::sync::atomic::Ordering::Relaxed)
+                > 0
+        });
+        if compacted && !ids[0].is_empty() && ids.iter().all(|x| *x == ids[0]) {
             same = true;
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(same, "replicas did not converge on identical segment ids");
+    let compactions: u64 = nodes
+        .iter()
+        .map(|n| {
+            n.replica(tablet)
+                .unwrap()
+                .tablet
+                .stats
+                .compactions
+                .load(std::sync::atomic::Ordering::Relaxed)
+        })
+        .sum();
+    eprintln!("compactions published on the three replicas: {compactions}");
+    assert!(compactions >= 3, "no compaction ran on every replica");
     for n in &nodes {
         let mut rows = 0;
         for _ in 0..200 {

@@ -145,6 +145,16 @@ pub enum TabletCommand {
         hi: u64,
         generation: u64,
     },
+    /// Seals the memtable as `Seal` does and, with that seal's publish,
+    /// rewrites the published segments `inputs` (a run of the segment
+    /// list, oldest first, of one origin, none shared with another tablet)
+    /// into one segment of their rows in the tablet's range, in their
+    /// place. Every replica resolves the inputs at the same point (after
+    /// every earlier seal), so all of them compact, or none (an input
+    /// missing, shared or of another origin: the seal alone).
+    Compact {
+        inputs: Vec<String>,
+    },
 }
 
 /// The result of applying a [`TabletCommand`].
@@ -186,6 +196,7 @@ impl std::fmt::Display for TabletCommand {
             TabletCommand::Split { at, child, .. } => write!(f, "Split(at {at}, child {child})"),
             TabletCommand::Freeze { generation } => write!(f, "Freeze(generation {generation})"),
             TabletCommand::Unfreeze => write!(f, "Unfreeze"),
+            TabletCommand::Compact { inputs } => write!(f, "Compact({} segments)", inputs.len()),
             TabletCommand::Merge {
                 absorbed, lo, hi, ..
             } => write!(f, "Merge(absorbed {absorbed} [{lo}, {hi}))"),

@@ -258,6 +258,15 @@ impl SegmentReader {
         Ok(out)
     }
 
+    /// Every row of the segment, in segment order (compaction).
+    pub fn rows(&self) -> Result<Vec<Row>> {
+        let mut out = Vec::with_capacity(self.stats.rows as usize);
+        for i in 0..self.blocks.len() {
+            out.extend(self.read_block(i)?);
+        }
+        Ok(out)
+    }
+
     /// Scrub: reads and checks every block, then the whole-file xxh3-64 and
     /// that the content hashes to the id.
     pub fn verify_all(&self) -> Result<()> {

@@ -37,6 +37,11 @@ pub struct TabletOptions {
     pub memtable_age_max_us: u64,
     /// Receipts older than this (by proposal time) are forgotten.
     pub receipt_window_us: u64,
+    /// Compaction rewrites runs of segments smaller than a quarter of this
+    /// into segments of up to this many bytes (0: no compaction).
+    pub compact_target_bytes: u64,
+    /// The fewest small segments a compaction rewrites at once.
+    pub compact_min_inputs: usize,
 }
 
 impl Default for TabletOptions {
@@ -45,6 +50,8 @@ impl Default for TabletOptions {
             memtable_bytes_max: 32 * 1024 * 1024,
             memtable_age_max_us: 5 * 60 * 1_000_000,
             receipt_window_us: 10 * 60 * 1_000_000,
+            compact_target_bytes: 64 << 20,
+            compact_min_inputs: 4,
         }
     }
 }
@@ -99,6 +106,8 @@ pub struct Frozen {
     pub split: Option<SplitChild>,
     /// Set on the seal of a `Merge`: the absorbed replica to adopt.
     pub merge: Option<MergeIn>,
+    /// Set on the seal of a `Compact`: the segments to rewrite as one.
+    pub compact: Option<Vec<String>>,
 }
 
 /// The tablets open on this node, by id: a `Merge`'s apply finds the
@@ -168,6 +177,23 @@ pub struct TabletData {
     pub adopted: Vec<(SegmentRef, Arc<SegmentReader>)>,
     /// A merge whose seal failed to publish, carried to the next seal.
     pub pending_merge: Option<MergeIn>,
+    /// A compaction whose seal failed to publish, carried to the next seal.
+    pub pending_compact: Option<Vec<String>>,
+    /// Segments a compaction replaced whose objects (under this tablet's
+    /// key) the tier deletes once a manifest no longer names them.
+    pub compacted_away: Vec<String>,
+}
+
+impl TabletData {
+    /// Whether a compaction applied but not yet published names `segment`
+    /// (then a `DropSegment` of it is ignored: every replica compacts it).
+    pub fn compacting(&self, segment: &str) -> bool {
+        self.frozen
+            .iter()
+            .filter_map(|f| f.compact.as_ref())
+            .chain(self.pending_compact.as_ref())
+            .any(|inputs| inputs.iter().any(|i| i == segment))
+    }
 }
 
 /// Counters of a tablet, read by status and tests.
@@ -180,6 +206,8 @@ pub struct TabletStats {
     pub snapshots_installed: AtomicU64,
     /// Reads (Get, ScanKey, Scan) this replica served.
     pub reads_served: AtomicU64,
+    /// Compactions published.
+    pub compactions: AtomicU64,
 }
 
 /// Everything of one tablet replica that the state machine, the seal worker
@@ -298,6 +326,8 @@ impl Tablet {
                 pending_split: None,
                 adopted: Vec::new(),
                 pending_merge: None,
+                pending_compact: None,
+                compacted_away: Vec::new(),
             }),
         }))
     }

@@ -34,6 +34,10 @@ struct Plan {
     after: super::RangeState,
     split: Option<super::SplitChild>,
     merge: Option<super::MergeIn>,
+    /// The published segments a `Compact` rewrites, resolved after every
+    /// earlier seal (so alike on every replica): `None` when it does not
+    /// apply (an input missing, shared or of another origin).
+    compact: Option<Vec<(SegmentRef, Arc<SegmentReader>)>>,
 }
 
 /// What a published seal did.
@@ -86,7 +90,173 @@ fn plan(tablet: &Tablet, data: &TabletData, seal_index: u64) -> Option<Plan> {
         after: frozen.after,
         split: frozen.split.clone(),
         merge: frozen.merge.clone(),
+        compact: frozen
+            .compact
+            .as_ref()
+            .and_then(|inputs| compaction_inputs(tablet, data, inputs)),
     })
+}
+
+/// The inputs of a compaction, if it applies: every one published, none
+/// shared with another tablet, all of one origin (the tablet whose log
+/// positions their rows carry), at least two.
+fn compaction_inputs(
+    tablet: &Tablet,
+    data: &TabletData,
+    inputs: &[String],
+) -> Option<Vec<(SegmentRef, Arc<SegmentReader>)>> {
+    let found: Vec<(SegmentRef, Arc<SegmentReader>)> = inputs
+        .iter()
+        .filter_map(|id| data.segments.iter().find(|(s, _)| s.id == *id).cloned())
+        .collect();
+    let origin = found.first().map(|(_, r)| r.header().tablet)?;
+    let ok = found.len() == inputs.len()
+        && found.len() >= 2
+        && found
+            .iter()
+            .all(|(s, r)| !s.shared && r.header().tablet == origin);
+    if !ok {
+        tracing::info!(
+            tablet = tablet.id,
+            inputs = inputs.len(),
+            "compaction does not apply (an input is gone, shared or of another origin)"
+        );
+    }
+    ok.then_some(found)
+}
+
+/// Rewrites a compaction's inputs as one segment: their rows in the
+/// tablet's range (rows of another tablet's range are dropped), under the
+/// inputs' origin, spanning their log range. `None` when no row is left.
+fn build_compaction(
+    tablet: &Tablet,
+    plan: &Plan,
+) -> Result<Option<(SegmentRef, Arc<SegmentReader>)>> {
+    let Some(inputs) = &plan.compact else {
+        return Ok(None);
+    };
+    let range = plan.after;
+    let mut rows = Vec::new();
+    for (_, reader) in inputs {
+        rows.extend(
+            reader
+                .rows()?
+                .into_iter()
+                .filter(|r| r.vshard >= range.lo && u64::from(r.vshard) < range.hi),
+        );
+    }
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    rows.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
+    let header = segment::SegmentHeader {
+        tablet: inputs[0].1.header().tablet,
+        vshard_lo: range.lo,
+        vshard_hi: range.hi,
+        log_first: inputs.iter().map(|(s, _)| s.log_first).min().unwrap_or(0),
+        log_last: inputs.iter().map(|(s, _)| s.log_last).max().unwrap_or(0),
+    };
+    let info = segment::write(
+        &tablet.segment_dir,
+        &header,
+        &rows,
+        &segment::WriteOptions::default(),
+    )?;
+    let path = tablet.segment_dir.join(segment::file_name(&info.id));
+    let reader = SegmentReader::open_with_id(&path, &info.id)?;
+    Ok(Some((
+        SegmentRef {
+            id: info.id,
+            bytes: info.bytes,
+            rows: info.rows,
+            log_first: info.log_first,
+            log_last: info.log_last,
+            ts_min: info.ts_min,
+            ts_max: info.ts_max,
+            cold: None,
+            origin: 0,
+            shared: false,
+        },
+        Arc::new(reader),
+    )))
+}
+
+/// The segment list once a compaction's inputs are replaced by `output`
+/// (at the place of the last input), or an error if an input is no longer
+/// published (the state changed under the seal: it is retried).
+fn compacted(
+    data: &mut TabletData,
+    inputs: &[(SegmentRef, Arc<SegmentReader>)],
+    output: Option<(SegmentRef, Arc<SegmentReader>)>,
+) -> Result<Vec<(SegmentRef, Arc<SegmentReader>)>> {
+    let last = inputs.last().map(|(s, _)| s.id.clone()).unwrap_or_default();
+    for (s, _) in inputs {
+        if !data.segments.iter().any(|(p, _)| p.id == s.id) {
+            return Err(Error::Config(format!(
+                "compaction input {} is no longer published",
+                s.id
+            )));
+        }
+    }
+    let mut out = Vec::with_capacity(data.segments.len());
+    let mut output = output.map(|(mut r, reader)| {
+        if let Some(cold) = data.cold_early.remove(&r.id) {
+            r.cold = Some(cold);
+        }
+        (r, reader)
+    });
+    for (s, reader) in &data.segments {
+        if inputs.iter().any(|(i, _)| i.id == s.id) {
+            if s.id == last
+                && let Some(o) = output.take()
+            {
+                out.push(o);
+            }
+            continue;
+        }
+        out.push((s.clone(), reader.clone()));
+    }
+    Ok(out)
+}
+
+/// The next compaction of a tablet's segment list (oldest first), if one
+/// is due: the oldest run of at least `min_inputs` adjacent segments, each
+/// smaller than a quarter of `target` bytes, none shared, all of one origin
+/// (`origin` of each: the tablet its rows' positions name), as long as
+/// their sum stays within `target` (the bound on one pass's work).
+pub fn compaction_plan(
+    segments: &[(SegmentRef, u64)],
+    target: u64,
+    min_inputs: usize,
+) -> Option<Vec<String>> {
+    if target == 0 || min_inputs < 2 {
+        return None;
+    }
+    let small = |s: &SegmentRef| !s.shared && s.bytes < target / 4;
+    let mut i = 0;
+    while i < segments.len() {
+        let (first, origin) = &segments[i];
+        if !small(first) {
+            i += 1;
+            continue;
+        }
+        let mut run = vec![first.id.clone()];
+        let mut bytes = first.bytes;
+        let mut j = i + 1;
+        while let Some((s, o)) = segments.get(j) {
+            if !small(s) || o != origin || bytes + s.bytes > target {
+                break;
+            }
+            bytes += s.bytes;
+            run.push(s.id.clone());
+            j += 1;
+        }
+        if run.len() >= min_inputs {
+            return Some(run);
+        }
+        i = j.max(i + 1);
+    }
+    None
 }
 
 /// Seal builds still to fail ([`fail_next_seals`]).
@@ -137,6 +307,7 @@ fn build(tablet: &Tablet, plan: &Plan) -> Result<Option<(SegmentRef, Arc<Segment
             ts_max: info.ts_max,
             cold: None,
             origin: 0,
+            shared: false,
         },
         Arc::new(reader),
     )))
@@ -147,6 +318,7 @@ fn commit(
     data: &mut TabletData,
     plan: Plan,
     mut seg: Option<(SegmentRef, Arc<SegmentReader>)>,
+    output: Option<(SegmentRef, Arc<SegmentReader>)>,
     extra_drops: &[Vec<u8>],
 ) -> Result<Published> {
     if let Some((r, _)) = &mut seg
@@ -163,8 +335,27 @@ fn commit(
         let _ = std::fs::remove_file(&path);
         seg = None;
     }
+    // A compaction's output takes its inputs' place in the list (a
+    // retention drop of the output that applied first drops it).
+    let compacted = match &plan.compact {
+        Some(inputs) => {
+            let output = match output {
+                Some((r, _)) if data.dropped_early.remove(&r.id) => {
+                    let _ =
+                        std::fs::remove_file(tablet.segment_dir.join(segment::file_name(&r.id)));
+                    None
+                }
+                o => o,
+            };
+            Some(compacted(data, inputs, output)?)
+        }
+        None => None,
+    };
     let applied_state = encode(&(Some(plan.seal_log_id), plan.membership.clone()));
     let mut record = tablet.record(data, applied_state);
+    if let Some(list) = &compacted {
+        record.segments = list.iter().map(|(r, _)| r.clone()).collect();
+    }
     // A merge's seal publishes the absorbed tablet's segments, linked into
     // this tablet's directory, before its own.
     if let Some(m) = &plan.merge {
@@ -173,8 +364,17 @@ fn commit(
             .segments
             .extend(data.adopted.iter().map(|(r, _)| r.clone()));
     }
-    if let Some((r, _)) = &seg {
+    if let Some((r, _)) = &mut seg {
         record.segments.push(r.clone());
+        if plan.split.is_some() {
+            r.shared = true;
+        }
+    }
+    // A split shares every segment the parent has with the child.
+    if plan.split.is_some() {
+        for s in &mut record.segments {
+            s.shared = true;
+        }
     }
     record.checkpoint = plan.seal_index;
     record.vshard_lo = plan.after.lo;
@@ -220,6 +420,23 @@ fn commit(
         None => None,
     };
     data.published = plan.after;
+    if plan.split.is_some() {
+        for (s, _) in &mut data.segments {
+            s.shared = true;
+        }
+    }
+    if let (Some(list), Some(inputs)) = (compacted, &plan.compact) {
+        data.segments = list;
+        for (s, _) in inputs {
+            // Its file goes now (readers keep their handle); its object,
+            // if this tablet's, once a manifest no longer names it.
+            let _ = std::fs::remove_file(tablet.segment_dir.join(segment::file_name(&s.id)));
+            if s.origin == 0 && s.cold.is_some() {
+                data.compacted_away.push(s.id.clone());
+            }
+        }
+        tablet.stats.compactions.fetch_add(1, Ordering::Relaxed);
+    }
     if plan.merge.is_some() {
         let adopted = std::mem::take(&mut data.adopted);
         data.segments.extend(adopted);
@@ -323,6 +540,7 @@ fn split_child(
         }
         segments.push(SegmentRef {
             origin: s.owner(tablet.id),
+            shared: true,
             ..s.clone()
         });
     }
@@ -385,6 +603,9 @@ fn put_back(data: &mut TabletData) {
             if next.merge.is_none() {
                 next.merge = failed.merge;
             }
+            if next.compact.is_none() {
+                next.compact = failed.compact;
+            }
         }
         None => {
             data.memtable.absorb(failed.memtable);
@@ -393,6 +614,9 @@ fn put_back(data: &mut TabletData) {
             }
             if failed.merge.is_some() {
                 data.pending_merge = failed.merge;
+            }
+            if failed.compact.is_some() {
+                data.pending_compact = failed.compact;
             }
         }
     }
@@ -405,9 +629,12 @@ pub fn run_seal(tablet: &Tablet, seal_index: u64) -> Result<Option<SealDone>> {
     let Some(plan) = plan(tablet, &tablet.read(), seal_index) else {
         return Ok(None);
     };
-    let built = build(tablet, &plan);
+    let built = build(tablet, &plan).and_then(|seg| {
+        let output = build_compaction(tablet, &plan)?;
+        Ok((seg, output))
+    });
     let mut data = tablet.write();
-    let result = built.and_then(|seg| commit(tablet, &mut data, plan, seg, &[]));
+    let result = built.and_then(|(seg, output)| commit(tablet, &mut data, plan, seg, output, &[]));
     match result {
         Ok(Published { child, absorbed }) => Ok(Some(SealDone {
             checkpoint: seal_index,
@@ -437,7 +664,10 @@ pub(crate) fn publish_front(
     let Some(plan) = plan(tablet, data, seal_index) else {
         return Ok(());
     };
-    let result = build(tablet, &plan).and_then(|seg| commit(tablet, data, plan, seg, extra_drops));
+    let result = build(tablet, &plan).and_then(|seg| {
+        let output = build_compaction(tablet, &plan)?;
+        commit(tablet, data, plan, seg, output, extra_drops)
+    });
     if result.is_err() {
         tablet.stats.seal_failures.fetch_add(1, Ordering::Relaxed);
         put_back(data);
@@ -477,6 +707,74 @@ pub fn remove_orphans(dir: &Path, published: &[SegmentRef]) -> Result<()> {
 mod tests {
     use super::*;
 
+    fn seg(id: &str, bytes: u64, shared: bool) -> SegmentRef {
+        SegmentRef {
+            id: id.into(),
+            bytes,
+            rows: 1,
+            log_first: 1,
+            log_last: 1,
+            ts_min: 0,
+            ts_max: 0,
+            cold: None,
+            origin: 0,
+            shared,
+        }
+    }
+
+    #[test]
+    fn compaction_takes_the_oldest_run_of_small_unshared_segments_of_one_origin() {
+        let list = |v: &[(&str, u64, bool, u64)]| -> Vec<(SegmentRef, u64)> {
+            v.iter()
+                .map(|(id, b, sh, o)| (seg(id, *b, *sh), *o))
+                .collect()
+        };
+        // Shared ones (from a split) and big ones break runs; too short a
+        // run waits.
+        let l = list(&[
+            ("a", 10, true, 1),
+            ("b", 10, false, 1),
+            ("c", 10, false, 1),
+            ("d", 500, false, 1),
+            ("e", 10, false, 2),
+            ("f", 10, false, 2),
+            ("g", 10, false, 2),
+            ("h", 10, false, 2),
+            ("i", 10, false, 2),
+        ]);
+        assert_eq!(
+            compaction_plan(&l, 1000, 4),
+            Some(vec![
+                "e".into(),
+                "f".into(),
+                "g".into(),
+                "h".into(),
+                "i".into()
+            ])
+        );
+        assert_eq!(compaction_plan(&l, 1000, 6), None);
+        // Another origin ends a run; the sum stays within the target.
+        let l = list(&[
+            ("a", 200, false, 1),
+            ("b", 200, false, 1),
+            ("c", 200, false, 1),
+            ("d", 200, false, 1),
+            ("e", 200, false, 1),
+            ("f", 200, false, 1),
+        ]);
+        assert_eq!(
+            compaction_plan(&l, 1000, 4),
+            Some(vec![
+                "a".into(),
+                "b".into(),
+                "c".into(),
+                "d".into(),
+                "e".into()
+            ])
+        );
+        assert_eq!(compaction_plan(&l, 0, 4), None, "off");
+    }
+
     #[test]
     fn orphans_temps_and_fetch_parts_are_removed_published_and_others_kept() {
         let dir = tempfile::tempdir().unwrap();
@@ -491,6 +789,7 @@ mod tests {
             ts_max: 0,
             cold: None,
             origin: 0,
+            shared: false,
         };
         let orphan = "fedcba9876543210fedcba9876543210";
         for name in [

@@ -327,6 +327,8 @@ enum Change {
     /// The live range becomes the merged one; the absorbed replica is
     /// adopted with the seal's publish.
     Merge(super::MergeIn, super::RangeState),
+    /// The seal's publish also rewrites these segments as one.
+    Compact(Vec<String>),
 }
 
 /// Freezes the memtable at `log_id` for the seal worker (`Seal`, and the
@@ -341,6 +343,10 @@ fn freeze(tablet: &Tablet, data: &mut TabletData, log_id: LogId, change: Change)
     let merge = match &change {
         Change::Merge(m, _) => Some(m.clone()),
         _ => data.pending_merge.take(),
+    };
+    let compact = match &change {
+        Change::Compact(inputs) => Some(inputs.clone()),
+        _ => data.pending_compact.take(),
     };
     // A carried split's rows came back from its failed seal: they span the
     // range before it.
@@ -374,6 +380,7 @@ fn freeze(tablet: &Tablet, data: &mut TabletData, log_id: LogId, change: Change)
         after,
         split,
         merge,
+        compact,
     });
 }
 
@@ -443,10 +450,22 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
                     EntryPayload::Normal(TabletCommand::DropSegment { segment }) => {
                         // A frozen tablet's segments are what its merge
                         // adopts: they stay as they are until then.
-                        if !self.tablet.is_frozen() {
+                        // So do the inputs of a compaction not yet published:
+                        // replicas that published it already cannot drop them.
+                        if !self.tablet.is_frozen() && !data.compacting(segment) {
                             crate::tier::retention::drop_segment(&self.tablet, &mut data, segment);
                         }
                         TabletResponse::None
+                    }
+                    EntryPayload::Normal(TabletCommand::Compact { inputs }) => {
+                        freeze(
+                            &self.tablet,
+                            &mut data,
+                            log_id,
+                            Change::Compact(inputs.clone()),
+                        );
+                        seal = Some(index);
+                        TabletResponse::Sealed
                     }
                     EntryPayload::Normal(TabletCommand::Freeze { generation }) => {
                         let live = self.tablet.range_state();
@@ -645,6 +664,8 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
             pending_split: None,
             adopted: Vec::new(),
             pending_merge: None,
+            pending_compact: None,
+            compacted_away: Vec::new(),
         };
         // The unsealed rows of the snapshot exist nowhere durable on this
         // replica once openraft purges the log up to the snapshot: seal them
@@ -660,6 +681,7 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
                 after: published,
                 split: None,
                 merge: None,
+                compact: None,
             });
             super::seal::publish_front(tablet, &mut data, &old_receipts).map_err(io_err)?;
         } else {

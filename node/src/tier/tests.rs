@@ -221,6 +221,7 @@ fn damaged_cold_bytes_are_refetched_once_then_reported() {
         ts_max: 299,
         cold: None,
         origin: 0,
+        shared: false,
     };
     let reader = super::cold::open_reader(&tier, 1, &seg).unwrap();
     let expected = reader.scan("a/b", b"", 0, u64::MAX).unwrap();

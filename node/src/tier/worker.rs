@@ -58,6 +58,17 @@ async fn round(node: &Node, tier: &Arc<Tier>, state: &mut State) {
             apply_retention(tier, r, state).await;
         }
     }
+    // Objects of segments a compaction replaced go like retention's: once
+    // a manifest without them is published (the leader's; every replica
+    // forgets its list).
+    for r in &replicas {
+        let gone = std::mem::take(&mut r.tablet.write().compacted_away);
+        if r.is_leader() {
+            state
+                .to_delete
+                .extend(gone.into_iter().map(|id| (r.tablet.id, id)));
+        }
+    }
     upload_pending(tier, &leaders).await;
     for r in &leaders {
         if let Err(e) = publish_manifest(tier, r, state).await {
@@ -124,8 +135,9 @@ async fn upload_pending(tier: &Arc<Tier>, leaders: &[&Arc<Replica>]) {
 /// Proposes `DropSegment` for the leader's segments past their namespace's
 /// retention ([`super::retention::plan`]).
 async fn apply_retention(tier: &Tier, r: &Replica, state: &mut State) {
-    // A tablet frozen for a merge keeps its segments for the merge.
-    if r.tablet.is_frozen() {
+    // A tablet frozen for a merge keeps its segments for the merge; one
+    // with a compaction pending keeps them until it published.
+    if r.tablet.is_frozen() || r.tablet.read().frozen.iter().any(|f| f.compact.is_some()) {
         return;
     }
     let owners: std::collections::HashMap<String, u64> = r
