@@ -54,8 +54,13 @@ fn merge(cell: &ControlledCell, a: u64, b: u64) -> serde_json::Value {
 async fn wait_intent(cell: &ControlledCell, id: u64, limit: Duration) -> serde_json::Value {
     let started = Instant::now();
     let id = id.to_string();
+    let mut phase = String::new();
     loop {
         let i: serde_json::Value = cell.json(&["intent", "show", &id]);
+        if i["state"].as_str() != Some(phase.as_str()) {
+            phase = i["state"].as_str().unwrap_or_default().to_string();
+            eprintln!("intent {id}: {phase} at {:?}", started.elapsed());
+        }
         if i["done"] == true {
             return i;
         }
@@ -187,7 +192,9 @@ async fn merges_under_writes_with_a_leader_killed_lose_and_double_nothing() {
     cell.wait_settled(Duration::from_secs(60));
     let before = writer.acked_count();
     let started = Instant::now();
-    let i = merge(&cell, left, survivor);
+    let i = cell.json_retrying_busy(&["tablet", "merge", &left.to_string(), &survivor.to_string()]);
+    let i = wait_intent(&cell, i["id"].as_u64().unwrap(), Duration::from_secs(120)).await;
+    assert_eq!(i["state"], "done", "{i}");
     let took = started.elapsed();
     let last = i["tablet"].as_u64().unwrap();
     assert_eq!(tablet_at(&cell, ns_lo).0, last);
