@@ -252,6 +252,9 @@ struct Counters {
 
 struct Inner {
     node_id: u64,
+    /// Random per process, never 0: carried in the hello exchange so a
+    /// peer can tell a restarted process from the one it knew.
+    boot_id: u64,
     limits: Limits,
     endpoint: quinn::Endpoint,
     client_config: quinn::ClientConfig,
@@ -289,6 +292,7 @@ impl Transport {
             .map_err(|e| Error::io(format!("bind {}", opts.listen), e))?;
         let inner = Arc::new(Inner {
             node_id: opts.node_id,
+            boot_id: rand::random::<u64>().max(1),
             limits: Limits {
                 message_bytes_max: opts.message_bytes_max,
                 connect_timeout: opts.connect_timeout,
@@ -512,7 +516,7 @@ impl Inner {
             let header = Header {
                 kind: FrameKind::Hello,
                 group: self.node_id,
-                target: 0,
+                target: self.boot_id,
                 length: 0,
             };
             write_frame(&mut send, header, Bytes::new(), self)
@@ -538,7 +542,7 @@ impl Inner {
                 self.stats
                     .connections_dialed
                     .fetch_add(1, Ordering::Relaxed);
-                Ok(self.install(peer, conn, true))
+                Ok(self.install(peer, conn, true, head.target))
             }
             FrameKind::Err if decode_remote_error(&body) == Ok(RemoteError::Duplicate) => {
                 self.stats
@@ -574,8 +578,9 @@ impl Inner {
         peer: &Arc<Peer>,
         conn: quinn::Connection,
         dialed_by_us: bool,
+        remote_boot: u64,
     ) -> Link {
-        let link = Link::new(conn.clone(), dialed_by_us);
+        let link = Link::new(conn.clone(), dialed_by_us, remote_boot);
         let old = peer.state.lock().unwrap().conn.replace(link.clone());
         self.register(peer, conn, old);
         link
@@ -695,10 +700,25 @@ async fn accept_one(inner: Arc<Inner>, incoming: quinn::Incoming) {
             .conn
             .as_ref()
             .is_some_and(|l| l.dialed_by_us && l.conn.close_reason().is_none());
-        if peer::refuse_incoming(inner.node_id, peer_id, st.dialing, live_dialed_by_us) {
+        let restarted = st.conn.as_ref().is_some_and(|l| {
+            l.remote_boot != 0 && head.target != 0 && l.remote_boot != head.target
+        });
+        if restarted {
+            tracing::info!(
+                peer = peer_id,
+                "peer restarted: its new connection replaces the old one"
+            );
+        }
+        if peer::refuse_incoming(
+            inner.node_id,
+            peer_id,
+            st.dialing,
+            live_dialed_by_us,
+            restarted,
+        ) {
             None
         } else {
-            Some(st.conn.replace(Link::new(conn.clone(), false)))
+            Some(st.conn.replace(Link::new(conn.clone(), false, head.target)))
         }
     };
     match decision {
@@ -720,7 +740,7 @@ async fn accept_one(inner: Arc<Inner>, incoming: quinn::Incoming) {
             let header = Header {
                 kind: FrameKind::HelloOk,
                 group: inner.node_id,
-                target: 0,
+                target: inner.boot_id,
                 length: 0,
             };
             let _ = write_frame(&mut send, header, Bytes::new(), &inner).await;

@@ -17,14 +17,18 @@ use super::lane::Lanes;
 /// refuses only when it is the smaller id and its own dial is in flight or
 /// live; the larger id always accepts. Both sides apply the same rule, so
 /// exactly one of two simultaneous dials survives. A connection from a
-/// peer that restarted replaces the old one (which is dead anyway).
+/// peer that restarted (its hello names another boot id than the live
+/// connection's) replaces the old one, which is dead even if QUIC has not
+/// noticed yet (a killed process sends no close, and its successor cannot
+/// reset the old connection: its reset key is new).
 pub(super) fn refuse_incoming(
     local: u64,
     remote: u64,
     dialing: bool,
     live_dialed_by_us: bool,
+    peer_restarted: bool,
 ) -> bool {
-    local < remote && (dialing || live_dialed_by_us)
+    local < remote && (dialing || (live_dialed_by_us && !peer_restarted))
 }
 
 /// The pair's connection and what rides on it.
@@ -32,14 +36,17 @@ pub(super) fn refuse_incoming(
 pub(super) struct Link {
     pub conn: quinn::Connection,
     pub dialed_by_us: bool,
+    /// The peer process's boot id from the hello exchange (0: unknown).
+    pub remote_boot: u64,
     pub lanes: Arc<Lanes>,
 }
 
 impl Link {
-    pub fn new(conn: quinn::Connection, dialed_by_us: bool) -> Link {
+    pub fn new(conn: quinn::Connection, dialed_by_us: bool, remote_boot: u64) -> Link {
         Link {
             conn,
             dialed_by_us,
+            remote_boot,
             lanes: Arc::default(),
         }
     }
@@ -109,16 +116,18 @@ mod tests {
         // Both sides dialing: only the smaller refuses, so the smaller's
         // connection is the one both keep.
         for (a, b) in [(1, 2), (2, 1), (7, 400)] {
-            let a_refuses = refuse_incoming(a, b, true, false);
-            let b_refuses = refuse_incoming(b, a, true, false);
+            let a_refuses = refuse_incoming(a, b, true, false, false);
+            let b_refuses = refuse_incoming(b, a, true, false, false);
             assert!(a_refuses ^ b_refuses, "{a} {b}");
             assert_eq!(a_refuses, a < b);
         }
-        // Smaller side's dial already live: still refuses the late one.
-        assert!(refuse_incoming(1, 2, false, true));
+        // Smaller side's dial already live: still refuses the late one...
+        assert!(refuse_incoming(1, 2, false, true, false));
+        // ...unless the peer restarted: its live connection is dead.
+        assert!(!refuse_incoming(1, 2, false, true, true));
         // Nothing going on: accept (first contact or a restarted peer).
-        assert!(!refuse_incoming(1, 2, false, false));
+        assert!(!refuse_incoming(1, 2, false, false, false));
         // The larger side always accepts.
-        assert!(!refuse_incoming(2, 1, true, true));
+        assert!(!refuse_incoming(2, 1, true, true, false));
     }
 }

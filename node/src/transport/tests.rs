@@ -435,6 +435,38 @@ async fn reconnects_after_the_peer_comes_back() {
     t2.shutdown().await;
 }
 
+/// A peer that restarted (a new process: another boot id) while the
+/// smaller id's connection to its predecessor still looks live, as after a
+/// SIGKILL (no close, and no reset the old connection would accept): the
+/// smaller id takes the new process's connection at once instead of
+/// refusing it until its old one idles out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_peer_is_accepted_while_its_old_connection_looks_live() {
+    let (_ca, ids) = NodeIdentity::ephemeral_cell(2).unwrap();
+    let (t1, _) = bind(options(ids[0].clone(), any_port()), 10);
+    let (t2, _) = bind(options(ids[1].clone(), any_port()), 10);
+    t1.set_peer(2, t2.local_addr().unwrap());
+    assert_eq!(t1.call(2, control(1, 2, b"a")).await.unwrap(), "a");
+    // The successor of node 2 (the old one is left running, silent to us:
+    // its connection from node 1 stays open).
+    let (t2b, _) = bind(options(ids[1].clone(), any_port()), 10);
+    t2b.set_peer(1, t1.local_addr().unwrap());
+    let started = std::time::Instant::now();
+    let answer = t2b.call(1, control(1, 1, b"b")).await;
+    assert_eq!(
+        answer.expect("node 1 takes the new process's connection"),
+        "b"
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+    // Node 1 now talks to the new process on that connection.
+    t1.set_peer(2, t2b.local_addr().unwrap());
+    assert_eq!(t1.call(2, control(1, 2, b"c")).await.unwrap(), "c");
+    assert_eq!(t1.stats().open_per_peer, BTreeMap::from([(2, 1)]));
+    t1.shutdown().await;
+    t2.shutdown().await;
+    t2b.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bulk_does_not_block_control() {
     const BULK: usize = 32 << 20;
