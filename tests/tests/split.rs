@@ -2,9 +2,9 @@
 //! (one controller, three storage nodes on loopback).
 //!
 //! - Five splits in a row under continuous appends, one of them with the
-//!   tablet's leader SIGKILLed right after the intent: every acknowledged
-//!   record is readable exactly once by `Scan` and by `ScanKey`, and the
-//!   client follows the route changes by itself.
+//!   tablet's leader SIGKILLed right after the intent, then two merges
+//!   back: every acknowledged record is readable exactly once by `Scan`
+//!   and by `ScanKey`, and the client follows the route changes by itself.
 //! - Exactly-once across a split: a batch whose response was dropped is
 //!   retried after the split and applied once, in both halves.
 //! - Bad input: a split at the range's edge or outside it, of an unknown
@@ -177,7 +177,22 @@ async fn five_splits_under_writes_with_a_leader_killed_lose_and_double_nothing()
         assert_eq!(voter_nodes(&t).len(), 3, "{t}");
     }
 
-    // The dropped batches, retried after the splits: applied once.
+    // And merged back twice, still under the writers: the quarters on
+    // either side of the first cut rejoin their neighbours.
+    for v in [ns_lo + 0x2000, ns_lo + 0xc000] {
+        let (a, _, _) = tablet_at(&cell, v - 1);
+        let (b, _, _) = tablet_at(&cell, v);
+        assert_ne!(a, b);
+        let (sa, sb) = (a.to_string(), b.to_string());
+        let i = cell.json_retrying_busy(&["tablet", "merge", &sa, &sb, "--wait"]);
+        assert_eq!(i["state"], "done", "{i}");
+        assert_eq!(tablet_at(&cell, v - 1).0, tablet_at(&cell, v).0);
+    }
+    assert_eq!(cell.tablets().len(), 4);
+    cell.wait_settled(Duration::from_secs(60));
+
+    // The dropped batches, retried after the splits and merges: applied
+    // once.
     let again_hi = client
         .append_batch(NS, batch(&key_hi), None, Some(id_hi))
         .await
