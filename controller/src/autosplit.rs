@@ -93,13 +93,19 @@ impl TabletLoad {
     }
 }
 
-/// What one tablet's samples say over its window: (span, bytes at most,
-/// write rate, read rate), once the window is full and the cooldown over.
-fn settled(
-    load: &TabletLoad,
-    policy: &SplitPolicy,
-    now: Duration,
-) -> Option<(Duration, u64, f64, f64)> {
+/// What one tablet's samples say over a full window.
+struct Window {
+    span: Duration,
+    /// Smallest, largest and latest segment bytes of the window.
+    bytes_min: u64,
+    bytes_max: u64,
+    bytes_last: u64,
+    writes_per_s: f64,
+    reads_per_s: f64,
+}
+
+/// The window of `load`, once it is full and the cooldown is over.
+fn settled(load: &TabletLoad, policy: &SplitPolicy, now: Duration) -> Option<Window> {
     let changed = load.changed_at?;
     if now.saturating_sub(changed) < policy.cooldown {
         return None;
@@ -110,18 +116,15 @@ fn settled(
         return None;
     }
     let rate = |a: u64, b: u64| (b.saturating_sub(a)) as f64 / span.as_secs_f64();
-    let bytes = load
-        .samples
-        .iter()
-        .map(|s| s.segment_bytes)
-        .max()
-        .unwrap_or(0);
-    Some((
+    let bytes = load.samples.iter().map(|s| s.segment_bytes);
+    Some(Window {
         span,
-        bytes,
-        rate(first.records_applied, last.records_applied),
-        rate(first.reads_served, last.reads_served),
-    ))
+        bytes_min: bytes.clone().min().unwrap_or(0),
+        bytes_max: bytes.max().unwrap_or(0),
+        bytes_last: last.segment_bytes,
+        writes_per_s: rate(first.records_applied, last.records_applied),
+        reads_per_s: rate(first.reads_served, last.reads_served),
+    })
 }
 
 /// Why the adjacent tablets of `a` and `b` should merge now under
@@ -138,13 +141,20 @@ pub fn should_merge(
     if pct == 0 {
         return None;
     }
-    let (span_a, bytes_a, writes_a, reads_a) = settled(a, policy, now)?;
-    let (span_b, bytes_b, writes_b, reads_b) = settled(b, policy, now)?;
+    let (wa, wb) = (settled(a, policy, now)?, settled(b, policy, now)?);
     let low = |mark: u64| mark as f64 * pct as f64 / 100.0;
     let marks = [
-        (policy.bytes, (bytes_a + bytes_b) as f64, "bytes"),
-        (policy.writes_per_s, writes_a + writes_b, "writes/s"),
-        (policy.reads_per_s, reads_a + reads_b, "reads/s"),
+        (policy.bytes, (wa.bytes_max + wb.bytes_max) as f64, "bytes"),
+        (
+            policy.writes_per_s,
+            wa.writes_per_s + wb.writes_per_s,
+            "writes/s",
+        ),
+        (
+            policy.reads_per_s,
+            wa.reads_per_s + wb.reads_per_s,
+            "reads/s",
+        ),
     ];
     let on: Vec<_> = marks.iter().filter(|(mark, _, _)| *mark > 0).collect();
     if on.is_empty() || on.iter().any(|(mark, load, _)| *load >= low(*mark)) {
@@ -157,44 +167,31 @@ pub fn should_merge(
     Some(format!(
         "auto: merged load {} over {}s",
         why.join(", "),
-        span_a.min(span_b).as_secs()
+        wa.span.min(wb.span).as_secs()
     ))
 }
 
-/// Why `load` should split now under `policy`, if it should.
+/// Why `load` should split now under `policy`, if it should: the size mark
+/// held by every sample of the window, or a rate mark over it.
 pub fn should_split(load: &TabletLoad, policy: &SplitPolicy, now: Duration) -> Option<String> {
-    let changed = load.changed_at?;
-    if now.saturating_sub(changed) < policy.cooldown {
-        return None;
-    }
-    let (first, last) = (load.samples.front()?, load.samples.back()?);
-    let span = last.at.saturating_sub(first.at);
-    if span < policy.window {
-        return None;
-    }
-    if policy.bytes > 0 && load.samples.iter().all(|s| s.segment_bytes >= policy.bytes) {
+    let w = settled(load, policy, now)?;
+    let secs = w.span.as_secs();
+    if policy.bytes > 0 && w.bytes_min >= policy.bytes {
         return Some(format!(
-            "auto: {} bytes of segments >= {} for {}s",
-            last.segment_bytes,
-            policy.bytes,
-            span.as_secs()
+            "auto: {} bytes of segments >= {} for {secs}s",
+            w.bytes_last, policy.bytes
         ));
     }
-    let rate = |a: u64, b: u64| (b.saturating_sub(a)) as f64 / span.as_secs_f64();
-    let writes = rate(first.records_applied, last.records_applied);
-    if policy.writes_per_s > 0 && writes >= policy.writes_per_s as f64 {
+    if policy.writes_per_s > 0 && w.writes_per_s >= policy.writes_per_s as f64 {
         return Some(format!(
-            "auto: {writes:.0} writes/s >= {} over {}s",
-            policy.writes_per_s,
-            span.as_secs()
+            "auto: {:.0} writes/s >= {} over {secs}s",
+            w.writes_per_s, policy.writes_per_s
         ));
     }
-    let reads = rate(first.reads_served, last.reads_served);
-    if policy.reads_per_s > 0 && reads >= policy.reads_per_s as f64 {
+    if policy.reads_per_s > 0 && w.reads_per_s >= policy.reads_per_s as f64 {
         return Some(format!(
-            "auto: {reads:.0} reads/s >= {} over {}s",
-            policy.reads_per_s,
-            span.as_secs()
+            "auto: {:.0} reads/s >= {} over {secs}s",
+            w.reads_per_s, policy.reads_per_s
         ));
     }
     None

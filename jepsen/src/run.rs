@@ -720,14 +720,14 @@ async fn nemesis(
     Ok(faults)
 }
 
-/// One split of a tablet of the workload's namespace; what was done.
-fn split(cell: &Cell, namespace: &str, rng: &mut StdRng) -> String {
+/// The tablets (id, lo, hi) overlapping the namespace's vshards, by lo.
+fn namespace_tablets(cell: &Cell, namespace: &str) -> Result<Vec<(u64, u64, u64)>, String> {
     let (ns_lo, ns_hi) = stele_proto::vshard::namespace_range(namespace);
     let tablets = match cell.operator(&["tablet", "list"]) {
         Ok(serde_json::Value::Array(ts)) => ts,
-        other => return format!("split: tablet list failed: {other:?}"),
+        other => return Err(format!("tablet list failed: {other:?}")),
     };
-    let ranges: Vec<(u64, u64, u64)> = tablets
+    let mut ranges: Vec<(u64, u64, u64)> = tablets
         .iter()
         .map(|t| {
             (
@@ -738,6 +738,17 @@ fn split(cell: &Cell, namespace: &str, rng: &mut StdRng) -> String {
         })
         .filter(|(_, lo, hi)| *lo < ns_hi && *hi > u64::from(ns_lo))
         .collect();
+    ranges.sort_by_key(|r| r.1);
+    Ok(ranges)
+}
+
+/// One split of a tablet of the workload's namespace; what was done.
+fn split(cell: &Cell, namespace: &str, rng: &mut StdRng) -> String {
+    let (ns_lo, ns_hi) = stele_proto::vshard::namespace_range(namespace);
+    let ranges = match namespace_tablets(cell, namespace) {
+        Ok(r) => r,
+        Err(e) => return format!("split: {e}"),
+    };
     if ranges.len() >= 8 {
         return "split: the namespace has eight tablets already".into();
     }
@@ -763,23 +774,10 @@ fn split(cell: &Cell, namespace: &str, rng: &mut StdRng) -> String {
 /// One merge of two adjacent tablets of the workload's namespace; what
 /// was done.
 fn merge(cell: &Cell, namespace: &str, rng: &mut StdRng) -> String {
-    let (ns_lo, ns_hi) = stele_proto::vshard::namespace_range(namespace);
-    let tablets = match cell.operator(&["tablet", "list"]) {
-        Ok(serde_json::Value::Array(ts)) => ts,
-        other => return format!("merge: tablet list failed: {other:?}"),
+    let ranges = match namespace_tablets(cell, namespace) {
+        Ok(r) => r,
+        Err(e) => return format!("merge: {e}"),
     };
-    let mut ranges: Vec<(u64, u64, u64)> = tablets
-        .iter()
-        .map(|t| {
-            (
-                t["id"].as_u64().unwrap_or(0),
-                t["vshard_lo"].as_u64().unwrap_or(0),
-                t["vshard_hi"].as_u64().unwrap_or(0),
-            )
-        })
-        .filter(|(_, lo, hi)| *lo < ns_hi && *hi > u64::from(ns_lo))
-        .collect();
-    ranges.sort_by_key(|r| r.1);
     if ranges.len() < 2 {
         return "merge: one tablet holds the namespace".into();
     }
