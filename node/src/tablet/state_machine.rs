@@ -61,6 +61,29 @@ pub fn snapshot_segments(data: &[u8]) -> crate::Result<Vec<SegmentRef>> {
 /// The last snapshot built or installed, shared with the builder.
 type Current = Arc<std::sync::Mutex<Option<(SnapshotMeta, Vec<u8>)>>>;
 
+/// Records a segment's cold copy in the last snapshot built, if it names
+/// the segment without one: a replica that installs that snapshot then
+/// reads the segment from the bucket, not from a peer. (The snapshot is
+/// built when a seal publishes, usually before the segment's upload.)
+fn note_cold_in_snapshot(current: &Current, segment: &str, cold: crate::catalog::ColdCopy) {
+    let mut current = current.lock().expect("lock poisoned");
+    let Some((_, bytes)) = current.as_mut() else {
+        return;
+    };
+    let Ok(mut snap) = decode::<TabletSnapshot>("tablet snapshot", bytes) else {
+        return;
+    };
+    let Some(seg) = snap
+        .segments
+        .iter_mut()
+        .find(|s| s.id == segment && s.cold.is_none())
+    else {
+        return;
+    };
+    seg.cold = Some(cold);
+    *bytes = encode(&snap);
+}
+
 pub struct StateMachine {
     tablet: Arc<Tablet>,
     seals: SealQueue,
@@ -443,8 +466,9 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
                             &self.tablet,
                             &mut data,
                             segment,
-                            cold,
+                            cold.clone(),
                         );
+                        note_cold_in_snapshot(&self.current, segment, cold);
                         TabletResponse::None
                     }
                     EntryPayload::Normal(TabletCommand::DropSegment { segment }) => {
