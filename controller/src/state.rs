@@ -356,9 +356,9 @@ impl CellState {
         if a == b {
             return Err(format!("tablet {a} cannot merge with itself"));
         }
-        for (t, expect) in [(a, expect_generation_a), (b, expect_generation_b)] {
-            if let Some(why) = self.split_refusal(t, expect) {
-                return Err(why.replace("cannot split", "cannot merge"));
+        for t in [a, b] {
+            if !self.tablets.contains_key(&t) {
+                return Err(format!("unknown tablet {t}"));
             }
         }
         let (ta, tb) = (&self.tablets[&a], &self.tablets[&b]);
@@ -374,6 +374,11 @@ impl CellState {
                 ta.voters.len(),
                 tb.voters.len()
             ));
+        }
+        for (t, expect) in [(a, expect_generation_a), (b, expect_generation_b)] {
+            if let Some(why) = self.split_refusal(t, expect) {
+                return Err(why);
+            }
         }
         Ok((a.max(b), a.min(b)))
     }

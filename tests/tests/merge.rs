@@ -265,7 +265,11 @@ async fn merges_under_writes_with_a_leader_killed_lose_and_double_nothing() {
 /// survivor's nodes; then bad merges are refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn merge_colocates_first_and_bad_merges_change_nothing() {
-    let cell = ControlledCell::new(1, 4);
+    let mut cell = ControlledCell::new(1, 4);
+    // No leader-balance transfers: a refusal below must be for its reason,
+    // not for a transfer in progress.
+    cell.controller_flags
+        .extend(["--leader-balance-ms", "0"].map(String::from));
     let (_controllers, _nodes) = cell.start(2);
     cell.wait_settled(Duration::from_secs(60));
     let ts = cell.tablets();
