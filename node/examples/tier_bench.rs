@@ -103,6 +103,7 @@ async fn main() {
             cold: None,
             origin: 0,
             shared: false,
+            keep: None,
         });
     }
     let total: u64 = refs.iter().map(|r| r.bytes).sum();

@@ -59,6 +59,14 @@ pub struct SegmentRef {
     /// then read its rows twice. Omitted when false.
     #[serde(default, skip_serializing_if = "is_false")]
     pub shared: bool,
+    /// The vshard ranges `[lo, hi)` of the segment's rows this tablet
+    /// reads, when not every row in its range: set by a merge on a segment
+    /// that also holds rows of tablets outside the side that named it (each
+    /// side keeps reading only what it read before, so a segment one side
+    /// rewrote is not read twice). Sorted and disjoint. Omitted when `None`
+    /// (every row of the segment within the tablet's range).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep: Option<Vec<(u32, u64)>>,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -75,6 +83,70 @@ impl SegmentRef {
             self.origin
         }
     }
+
+    /// The vshard ranges of this segment's rows a tablet over `range`
+    /// reads: its `keep` (else the segment's whole range, `header`, from
+    /// its file's header) within `range`.
+    pub fn reads(&self, header: (u32, u64), range: (u32, u64)) -> Vec<(u32, u64)> {
+        match &self.keep {
+            Some(keep) => intersect(keep, range),
+            None => intersect(&[header], range),
+        }
+    }
+
+    /// Whether the segment may hold rows a tablet over `range` does not
+    /// read (rows of a split sibling, or of the other side of a merge).
+    pub fn holds_unread(&self, header: (u32, u64), range: (u32, u64)) -> bool {
+        self.reads(header, range) != [header]
+    }
+
+    /// The reference narrowed to what a tablet over `range` reads of it
+    /// (`keep` left out when that is the whole segment).
+    pub fn narrowed(self, header: (u32, u64), range: (u32, u64)) -> SegmentRef {
+        let reads = self.reads(header, range);
+        SegmentRef {
+            keep: (reads != [header]).then_some(reads),
+            ..self
+        }
+    }
+
+    /// Also reads `more` (the same segment named by the other side of a
+    /// merge, with what that side read of it).
+    pub fn widen(&mut self, header: (u32, u64), more: &[(u32, u64)]) {
+        let all = union(self.keep.as_deref().unwrap_or(&[header]), more);
+        self.keep = (all != [header]).then_some(all);
+    }
+}
+
+/// Whether `vshard` lies in one of `ranges`.
+pub fn in_ranges(ranges: &[(u32, u64)], vshard: u32) -> bool {
+    ranges
+        .iter()
+        .any(|&(lo, hi)| vshard >= lo && u64::from(vshard) < hi)
+}
+
+/// The parts of sorted, disjoint `ranges` within `[lo, hi)`.
+fn intersect(ranges: &[(u32, u64)], (lo, hi): (u32, u64)) -> Vec<(u32, u64)> {
+    ranges
+        .iter()
+        .map(|&(a, b)| (a.max(lo), b.min(hi)))
+        .filter(|&(a, b)| u64::from(a) < b)
+        .collect()
+}
+
+/// The union of two sets of sorted, disjoint ranges, sorted, disjoint and
+/// with adjacent ranges joined.
+fn union(a: &[(u32, u64)], b: &[(u32, u64)]) -> Vec<(u32, u64)> {
+    let mut all: Vec<(u32, u64)> = a.iter().chain(b).copied().collect();
+    all.sort_unstable();
+    let mut out: Vec<(u32, u64)> = Vec::with_capacity(all.len());
+    for (lo, hi) in all {
+        match out.last_mut() {
+            Some(last) if u64::from(lo) <= last.1 => last.1 = last.1.max(hi),
+            _ => out.push((lo, hi)),
+        }
+    }
+    out
 }
 
 /// What `Uploaded` recorded about a segment's object: enough for a replica
@@ -409,6 +481,50 @@ impl Catalog {
 mod tests {
     use super::*;
 
+    #[test]
+    fn keep_narrows_to_each_side_and_widens_back() {
+        let seg = SegmentRef {
+            id: "s".into(),
+            bytes: 1,
+            rows: 1,
+            log_first: 1,
+            log_last: 1,
+            ts_min: 0,
+            ts_max: 0,
+            cold: None,
+            origin: 0,
+            shared: true,
+            keep: None,
+        };
+        let header = (0, 300);
+        // Three tablets read a segment sealed over [0, 300).
+        assert_eq!(seg.reads(header, (100, 200)), vec![(100, 200)]);
+        assert!(seg.holds_unread(header, (100, 200)));
+        assert!(!seg.holds_unread(header, (0, 1 << 32)));
+        let low = seg.clone().narrowed(header, (0, 100));
+        let high = seg.clone().narrowed(header, (200, 300));
+        assert_eq!(low.keep, Some(vec![(0, 100)]));
+        // A merge of [0, 100) and [200, 300) (the middle one rewrote its
+        // copy): two pieces, read over any wider range.
+        let mut both = low.clone();
+        both.widen(header, &high.reads(header, (200, 300)));
+        assert_eq!(both.keep, Some(vec![(0, 100), (200, 300)]));
+        assert_eq!(both.reads(header, (0, 1 << 32)), vec![(0, 100), (200, 300)]);
+        assert!(both.holds_unread(header, (0, 300)));
+        assert!(in_ranges(&both.reads(header, (0, 300)), 250));
+        assert!(!in_ranges(&both.reads(header, (0, 300)), 150));
+        // Adjacent pieces join; the whole segment is no keep at all.
+        both.widen(header, &[(100, 200)]);
+        assert_eq!(both.keep, None);
+        assert_eq!(low.clone().narrowed(header, (0, 100)), low, "idempotent");
+        // Encoded only when set.
+        let bytes = to_cbor(&seg);
+        let plain: SegmentRef = from_cbor("ref", &bytes).unwrap();
+        assert_eq!(plain, seg);
+        let bytes = to_cbor(&low);
+        assert_eq!(from_cbor::<SegmentRef>("ref", &bytes).unwrap(), low);
+    }
+
     fn record(id: u64) -> TabletRecord {
         TabletRecord {
             v: 1,
@@ -446,6 +562,7 @@ mod tests {
                 cold: None,
                 origin: 0,
                 shared: false,
+                keep: None,
             });
             let rows = vec![ReceiptRow {
                 key: b"k1".to_vec(),

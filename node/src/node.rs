@@ -1149,8 +1149,9 @@ async fn policy_loop(node: Arc<Node>) {
                 to_seal.push((id, SealReason::JournalTrim));
             }
         }
-        // Compactions: a leader with no seal in flight and a run of small
-        // segments (one per tablet and pass: the work per pass is bounded).
+        // Compactions: a leader with no seal in flight and a segment to
+        // trim or a run of small segments (one per tablet and pass: the
+        // work per pass is bounded).
         let mut to_compact = Vec::new();
         for r in node.replicas() {
             if to_seal.iter().any(|(t, _)| *t == r.tablet.id)
@@ -1163,10 +1164,21 @@ async fn policy_loop(node: Arc<Node>) {
             if !data.frozen.is_empty() {
                 continue;
             }
-            let list: Vec<(crate::catalog::SegmentRef, u64)> = data
+            let range = r.tablet.range();
+            let cold_tier = node.options.tier.is_some();
+            let list: Vec<seal::Candidate> = data
                 .segments
                 .iter()
-                .map(|(s, reader)| (s.clone(), reader.header().tablet))
+                .map(|(s, reader)| {
+                    let h = reader.header();
+                    seal::Candidate {
+                        id: s.id.clone(),
+                        bytes: s.bytes,
+                        origin: h.tablet,
+                        movable: seal::may_rewrite(s, cold_tier),
+                        holds_unread: s.holds_unread((h.vshard_lo, h.vshard_hi), range),
+                    }
+                })
                 .collect();
             let opts = &r.tablet.options;
             if let Some(inputs) =

@@ -1085,3 +1085,223 @@ async fn small_segments_compact_into_one_and_rows_stay_once() {
     assert_eq!(again, all, "rows changed across restart");
     r.stop().await;
 }
+
+/// Waits until `pred` holds of tablet `id`'s replica here.
+async fn wait_for(
+    node: &Node,
+    id: u64,
+    what: &str,
+    pred: impl Fn(&stele_node::node::Replica) -> bool,
+) {
+    for _ in 0..1500 {
+        if let Some(r) = node.replica(id)
+            && pred(&r)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("tablet {id}: {what}");
+}
+
+/// The `keep` of a segment reference.
+type Keep = Option<Vec<(u32, u64)>>;
+
+/// The segments of tablet `id`'s replica here that hold rows it does not
+/// read, and the keep of each segment it names.
+fn unread(node: &Node, id: u64) -> (Vec<String>, Vec<Keep>) {
+    let r = node.replica(id).unwrap();
+    let range = r.tablet.range();
+    let d = r.tablet.read();
+    let unread = d
+        .segments
+        .iter()
+        .filter(|(s, reader)| {
+            let h = reader.header();
+            s.holds_unread((h.vshard_lo, h.vshard_hi), range)
+        })
+        .map(|(s, _)| s.id.clone())
+        .collect();
+    (
+        unread,
+        d.segments.iter().map(|(s, _)| s.keep.clone()).collect(),
+    )
+}
+
+/// Rewriting a segment shared since a split on one side only (a trim),
+/// then merging the halves back: each side goes on reading only its own
+/// rows of what it shares, so no row comes back twice (Scan, ScanKey),
+/// also after a restart; then the policy trims what the merged tablet
+/// still holds of rows it does not read, and every row stays once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_segment_trimmed_on_one_side_merges_back_without_doubles() {
+    use stele_proto::command::{SealReason, TabletCommand};
+    const AT: u32 = 1 << 31;
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(dir.path());
+    opts.initial_tablets = 1;
+    opts.tablet.memtable_bytes_max = 16 * 1024;
+    let mut r = start(opts.clone()).await;
+    let low = namespace_in("t", 0, u64::from(AT));
+    let high = namespace_in("t", AT, 1 << 32);
+    let value = vec![5u8; 300];
+    let mut batch = 0u128;
+    for i in 0..200u64 {
+        for ns in [&low, &high] {
+            batch += 1;
+            let key = format!("k{}", i % 10);
+            r.append(ns, batch, vec![(key.as_bytes(), i, value.clone())], None)
+                .await
+                .unwrap();
+        }
+    }
+    r.node.seal(1, SealReason::Operator).await.unwrap();
+    wait_for(&r.node, 1, "seal published", |rep| {
+        rep.tablet.read().frozen.is_empty()
+    })
+    .await;
+    let shared_before = r.node.replica(1).unwrap().tablet.read().segments.len();
+    assert!(shared_before >= 2, "{shared_before} segments");
+
+    // Split at AT: tablet 2 takes the high half, sharing every segment.
+    let child_replica = stele_node::raft::router::replica_id(2, opts.node_id);
+    r.node
+        .replica(1)
+        .unwrap()
+        .raft
+        .client_write(TabletCommand::Split {
+            at: AT,
+            child: 2,
+            child_replicas: vec![child_replica],
+            generation: 2,
+        })
+        .await
+        .unwrap();
+    wait_for(&r.node, 2, "child leads", |rep| rep.is_leader()).await;
+    let (unread2, _) = unread(&r.node, 2);
+    assert_eq!(unread2.len(), shared_before, "every shared segment");
+
+    // The child trims its copy of the first shared segment: its own rows,
+    // in a file of its own; the parent's copy is untouched.
+    let first = unread2[0].clone();
+    r.node.compact(2, vec![first.clone()]).await.unwrap();
+    wait_for(&r.node, 2, "trim published", |rep| {
+        rep.tablet
+            .stats
+            .compactions
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == 1
+    })
+    .await;
+    let (unread2, _) = unread(&r.node, 2);
+    assert!(!unread2.contains(&first), "trimmed: {unread2:?}");
+    assert_eq!(unread2.len(), shared_before - 1);
+    assert!(
+        unread(&r.node, 1).0.contains(&first),
+        "the parent's copy stays"
+    );
+    assert!(
+        dir.path()
+            .join("segments/1")
+            .join(format!("{first}.seg"))
+            .exists()
+    );
+    assert!(
+        !dir.path()
+            .join("segments/2")
+            .join(format!("{first}.seg"))
+            .exists()
+    );
+    let rows_of = |id: u64| -> std::collections::BTreeMap<String, u64> {
+        let rep = r.node.replica(id).unwrap();
+        let d = rep.tablet.read();
+        d.segments
+            .iter()
+            .map(|(s, _)| (s.id.clone(), s.rows))
+            .collect()
+    };
+    let (parent, child) = (rows_of(1), rows_of(2));
+    let output: Vec<u64> = child
+        .iter()
+        .filter(|(id, _)| !parent.contains_key(*id))
+        .map(|(_, rows)| *rows)
+        .collect();
+    assert_eq!(output.len(), 1, "{child:?}");
+    assert!(
+        output[0] < parent[&first],
+        "the trim keeps only the child's rows: {} of {}",
+        output[0],
+        parent[&first]
+    );
+
+    let check = |rows: &[pb::Row], what: &str| {
+        let mut seen = std::collections::BTreeSet::new();
+        for row in rows {
+            assert!(
+                seen.insert((row.key.clone(), row.ts)),
+                "{what}: twice: {row:?}"
+            );
+        }
+        assert_eq!(rows.len(), 200, "{what}");
+    };
+    let check_all = async |r: &mut Running, when: &str| {
+        for ns in [&low, &high] {
+            check(&r.scan(ns).await, &format!("{when}: scan {ns}"));
+            let k = r.scan_key(ns, b"k3").await;
+            assert_eq!(
+                k.iter().map(|row| row.ts).collect::<Vec<_>>(),
+                (0..200).filter(|i| i % 10 == 3).collect::<Vec<u64>>(),
+                "{when}: scan_key {ns}"
+            );
+        }
+    };
+    check_all(&mut r, "split").await;
+
+    // Merge 1 into 2 (the larger id survives).
+    r.node
+        .replica(1)
+        .unwrap()
+        .raft
+        .client_write(TabletCommand::Freeze { generation: 3 })
+        .await
+        .unwrap();
+    wait_frozen(&r.node, 1).await;
+    r.node
+        .replica(2)
+        .unwrap()
+        .raft
+        .client_write(TabletCommand::Merge {
+            absorbed: 1,
+            lo: 0,
+            hi: u64::from(AT),
+            generation: 4,
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.node.replica(2).unwrap().tablet.range(), (0, 1 << 32));
+    check_all(&mut r, "merged").await;
+    wait_for(&r.node, 2, "merge published", |rep| {
+        rep.tablet.read().published.lo == 0
+    })
+    .await;
+    // The parent's copy of the trimmed segment is read for the low half
+    // only; the segments both named are read whole again.
+    let (unread2, keeps) = unread(&r.node, 2);
+    assert_eq!(unread2, vec![first.clone()], "{keeps:?}");
+    assert_eq!(keeps.iter().filter(|k| k.is_some()).count(), 1, "{keeps:?}");
+    r.stop().await;
+
+    // From the published state alone; then the policy trims the rest.
+    opts.tablet.compact_target_bytes = 64 << 20;
+    let mut r = start(opts).await;
+    check_all(&mut r, "restarted").await;
+    for _ in 0..500 {
+        if unread(&r.node, 2).0.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(unread(&r.node, 2).0, Vec::<String>::new());
+    check_all(&mut r, "trimmed").await;
+    r.stop().await;
+}

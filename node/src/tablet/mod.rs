@@ -403,10 +403,33 @@ impl Tablet {
     }
 }
 
-/// Whether `row` lies in `range`: a segment shared with a split parent
+/// Whether `row` lies in `range`: a frozen memtable from before a split
 /// holds rows of both tablets, and each reads only its own.
 fn in_range(range: (u32, u64), row: &Row) -> bool {
     row.vshard >= range.0 && u64::from(row.vshard) < range.1
+}
+
+/// A segment as one read takes it: its reader, and the vshard ranges of
+/// its rows the tablet reads (a segment shared since a split holds rows of
+/// both halves, and one named by both sides of a merge is read by each
+/// for its own `keep`).
+#[derive(Clone)]
+pub struct Source {
+    pub reader: Arc<SegmentReader>,
+    pub reads: Vec<(u32, u64)>,
+}
+
+impl Source {
+    /// Whether the tablet reads `row` of this segment.
+    fn reads(&self, row: &Row) -> bool {
+        crate::catalog::in_ranges(&self.reads, row.vshard)
+    }
+
+    /// Whether the tablet reads every row of this segment.
+    fn whole(&self) -> bool {
+        let h = self.reader.header();
+        self.reads == [(h.vshard_lo, h.vshard_hi)]
+    }
 }
 
 /// A key-scan cursor `(ts, tablet, index, slot)` in the terms of a source
@@ -441,11 +464,11 @@ fn owned(tablet: u64, mut row: Row) -> Row {
     row
 }
 
-/// The latest row of a key in `range` among `rows` (one source's rows of
-/// the key), by position.
-fn latest_of(range: (u32, u64), rows: Vec<Row>) -> Option<Row> {
+/// The latest row of a key among `rows` (one source's rows of the key)
+/// that `keep` admits, by position.
+fn latest_of(rows: Vec<Row>, keep: impl Fn(&Row) -> bool) -> Option<Row> {
     rows.into_iter()
-        .filter(|r| in_range(range, r))
+        .filter(|r| keep(r))
         .max_by_key(|r| (r.index, r.slot))
 }
 
@@ -458,35 +481,32 @@ fn memtable_latest(m: &Memtable, range: (u32, u64), namespace: &str, key: &[u8])
     // The key's latest record lies outside the range (another routing key
     // of the same record key, in the other half of a split): look further.
     latest_of(
-        range,
         m.scan_key(namespace, key, 0, u64::MAX, None, usize::MAX),
+        |r| in_range(range, r),
     )
 }
 
-/// The latest row of a key in `range` in one segment.
-fn segment_latest(
-    seg: &SegmentReader,
-    range: (u32, u64),
-    namespace: &str,
-    key: &[u8],
-) -> Result<Option<Row>> {
-    if !seg.may_contain_key(namespace, key) {
+/// The latest row of a key the tablet reads in one segment.
+fn segment_latest(seg: &Source, namespace: &str, key: &[u8]) -> Result<Option<Row>> {
+    let reader = &seg.reader;
+    if !reader.may_contain_key(namespace, key) {
         return Ok(None);
     }
-    let Some(row) = seg.latest(namespace, key).map_err(crate::Error::from)? else {
+    let Some(row) = reader.latest(namespace, key).map_err(crate::Error::from)? else {
         return Ok(None);
     };
-    let row = if in_range(range, &row) {
+    let row = if seg.reads(&row) {
         Some(row)
     } else {
         latest_of(
-            range,
-            seg.scan_key(namespace, key, 0, u64::MAX, None, usize::MAX)
+            reader
+                .scan_key(namespace, key, 0, u64::MAX, None, usize::MAX)
                 .map_err(crate::Error::from)?,
+            |r| seg.reads(r),
         )
     };
     Ok(row.map(|mut r| {
-        r.tablet = seg.header().tablet;
+        r.tablet = reader.header().tablet;
         r
     }))
 }
@@ -512,26 +532,29 @@ impl Tablet {
         ts_from: u64,
         ts_to: u64,
     ) -> Result<(Vec<Row>, u64)> {
-        let (mut rows, segments, applied, range) = {
+        let (rows, segments, applied, range) = {
             let d = self.read();
+            let range = self.range();
             let mut rows = d.memtable.scan(namespace, prefix, ts_from, ts_to);
             for f in &d.frozen {
                 rows.extend(f.memtable.scan(namespace, prefix, ts_from, ts_to));
             }
-            (rows, d.readers(), d.applied_index(), self.range())
+            (rows, d.readers(range), d.applied_index(), range)
         };
+        let mut rows: Vec<Row> = rows.into_iter().filter(|r| in_range(range, r)).collect();
         for seg in &segments {
-            rows.extend(from_segment(
-                seg,
-                seg.scan(namespace, prefix, ts_from, ts_to)
-                    .map_err(crate::Error::from)?,
-            ));
+            rows.extend(
+                from_segment(
+                    &seg.reader,
+                    seg.reader
+                        .scan(namespace, prefix, ts_from, ts_to)
+                        .map_err(crate::Error::from)?,
+                )
+                .into_iter()
+                .filter(|r| seg.reads(r)),
+            );
         }
-        let mut rows: Vec<Row> = rows
-            .into_iter()
-            .filter(|r| in_range(range, r))
-            .map(|r| owned(self.id, r))
-            .collect();
+        let mut rows: Vec<Row> = rows.into_iter().map(|r| owned(self.id, r)).collect();
         rows.sort_by(|a, b| {
             (a.ts, &a.key, a.tablet, a.index, a.slot)
                 .cmp(&(b.ts, &b.key, b.tablet, b.index, b.slot))
@@ -574,26 +597,33 @@ impl Tablet {
                     usize::MAX,
                 ));
             }
-            (rows, d.readers(), d.applied_index(), range)
+            (rows, d.readers(range), d.applied_index(), range)
         };
         let mut rows: Vec<Row> = rows.into_iter().filter(|r| in_range(range, r)).collect();
         for seg in &segments {
-            if !seg.may_contain_key(namespace, key) {
+            if !seg.reader.may_contain_key(namespace, key) {
                 continue;
             }
-            // A shared segment may hold rows of the other split half: read
-            // past them so `limit` rows of this range come back.
-            let h = seg.header();
-            let whole = h.vshard_lo >= range.0 && h.vshard_hi <= range.1;
-            let n = if whole { limit } else { usize::MAX };
+            // A shared segment may hold rows the tablet does not read (the
+            // other split half's): read past them so `limit` rows it reads
+            // come back.
+            let n = if seg.whole() { limit } else { usize::MAX };
             rows.extend(
                 from_segment(
-                    seg,
-                    seg.scan_key(namespace, key, ts_from, ts_to, cut(h.tablet), n)
+                    &seg.reader,
+                    seg.reader
+                        .scan_key(
+                            namespace,
+                            key,
+                            ts_from,
+                            ts_to,
+                            cut(seg.reader.header().tablet),
+                            n,
+                        )
                         .map_err(crate::Error::from)?,
                 )
                 .into_iter()
-                .filter(|r| in_range(range, r)),
+                .filter(|r| seg.reads(r)),
             );
         }
         let order = |r: &Row| (r.ts, r.tablet, r.index, r.slot);
@@ -609,7 +639,7 @@ impl Tablet {
 
     /// The latest record of a key in the live range, and the applied index.
     pub fn latest_unlocked(&self, namespace: &str, key: &[u8]) -> Result<(Option<Row>, u64)> {
-        let (segments, applied, range) = {
+        let (segments, applied) = {
             let d = self.read();
             let range = self.range();
             if let Some(row) = d.memory_latest(range, namespace, key) {
@@ -617,10 +647,10 @@ impl Tablet {
             }
             // The segments and the watermark of the same moment as the
             // memtables just read.
-            (d.readers(), d.applied_index(), range)
+            (d.readers(range), d.applied_index())
         };
         for seg in segments.iter().rev() {
-            if let Some(row) = segment_latest(seg, range, namespace, key)? {
+            if let Some(row) = segment_latest(seg, namespace, key)? {
                 return Ok((Some(owned(self.id, row)), applied));
             }
         }
@@ -629,13 +659,20 @@ impl Tablet {
 }
 
 impl TabletData {
-    /// Readers of every segment a read covers, oldest first: the published
-    /// ones, then those a `Merge` adopted and has not published yet.
-    pub fn readers(&self) -> Vec<Arc<SegmentReader>> {
+    /// Every segment a read over `range` covers, oldest first: the
+    /// published ones, then those a `Merge` adopted and has not published
+    /// yet; each with the vshard ranges of its rows the read takes.
+    pub fn readers(&self, range: (u32, u64)) -> Vec<Source> {
         self.segments
             .iter()
             .chain(self.adopted.iter())
-            .map(|(_, r)| r.clone())
+            .map(|(s, reader)| {
+                let h = reader.header();
+                Source {
+                    reads: s.reads((h.vshard_lo, h.vshard_hi), range),
+                    reader: reader.clone(),
+                }
+            })
             .collect()
     }
 
@@ -673,8 +710,8 @@ impl TabletData {
         if let Some(row) = self.memory_latest(range, namespace, key) {
             return Ok(Some(row));
         }
-        for seg in self.readers().iter().rev() {
-            if let Some(row) = segment_latest(seg, range, namespace, key)? {
+        for seg in self.readers(range).iter().rev() {
+            if let Some(row) = segment_latest(seg, namespace, key)? {
                 return Ok(Some(row));
             }
         }

@@ -36,7 +36,7 @@ struct Plan {
     merge: Option<super::MergeIn>,
     /// The published segments a `Compact` rewrites, resolved after every
     /// earlier seal (so alike on every replica): `None` when it does not
-    /// apply (an input missing, shared or of another origin).
+    /// apply (an input missing, or of another origin).
     compact: Option<Vec<(SegmentRef, Arc<SegmentReader>)>>,
 }
 
@@ -97,9 +97,10 @@ fn plan(tablet: &Tablet, data: &TabletData, seal_index: u64) -> Option<Plan> {
     })
 }
 
-/// The inputs of a compaction, if it applies: every one published, none
-/// shared with another tablet, all of one origin (the tablet whose log
-/// positions their rows carry), at least two.
+/// The inputs of a compaction, if it applies: every one published, all of
+/// one origin (the tablet whose log positions their rows carry). One input
+/// is a trim: the segment rewritten without the rows the tablet does not
+/// read.
 fn compaction_inputs(
     tablet: &Tablet,
     data: &TabletData,
@@ -110,24 +111,21 @@ fn compaction_inputs(
         .filter_map(|id| data.segments.iter().find(|(s, _)| s.id == *id).cloned())
         .collect();
     let origin = found.first().map(|(_, r)| r.header().tablet)?;
-    let ok = found.len() == inputs.len()
-        && found.len() >= 2
-        && found
-            .iter()
-            .all(|(s, r)| !s.shared && r.header().tablet == origin);
+    let ok = found.len() == inputs.len() && found.iter().all(|(_, r)| r.header().tablet == origin);
     if !ok {
         tracing::info!(
             tablet = tablet.id,
             inputs = inputs.len(),
-            "compaction does not apply (an input is gone, shared or of another origin)"
+            "compaction does not apply (an input is gone or of another origin)"
         );
     }
     ok.then_some(found)
 }
 
-/// Rewrites a compaction's inputs as one segment: their rows in the
-/// tablet's range (rows of another tablet's range are dropped), under the
-/// inputs' origin, spanning their log range. `None` when no row is left.
+/// Rewrites a compaction's inputs as one segment: the rows the tablet
+/// reads of each (rows of a split sibling's range, or outside a merged
+/// input's `keep`, are dropped), under the inputs' origin, spanning their
+/// log range. `None` when no row is left.
 fn build_compaction(
     tablet: &Tablet,
     plan: &Plan,
@@ -135,24 +133,34 @@ fn build_compaction(
     let Some(inputs) = &plan.compact else {
         return Ok(None);
     };
-    let range = plan.after;
+    let range = (plan.after.lo, plan.after.hi);
     let mut rows = Vec::new();
-    for (_, reader) in inputs {
+    // The output's header spans what its rows can be: the hull of what the
+    // tablet read of each input.
+    let mut hull: Option<(u32, u64)> = None;
+    for (s, reader) in inputs {
+        let h = reader.header();
+        let reads = s.reads((h.vshard_lo, h.vshard_hi), range);
+        if let (Some(first), Some(last)) = (reads.first(), reads.last()) {
+            hull = Some(hull.map_or((first.0, last.1), |(lo, hi)| {
+                (lo.min(first.0), hi.max(last.1))
+            }));
+        }
         rows.extend(
             reader
                 .rows()?
                 .into_iter()
-                .filter(|r| r.vshard >= range.lo && u64::from(r.vshard) < range.hi),
+                .filter(|r| crate::catalog::in_ranges(&reads, r.vshard)),
         );
     }
-    if rows.is_empty() {
+    let Some((lo, hi)) = hull.filter(|_| !rows.is_empty()) else {
         return Ok(None);
-    }
+    };
     rows.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
     let header = segment::SegmentHeader {
         tablet: inputs[0].1.header().tablet,
-        vshard_lo: range.lo,
-        vshard_hi: range.hi,
+        vshard_lo: lo,
+        vshard_hi: hi,
         log_first: inputs.iter().map(|(s, _)| s.log_first).min().unwrap_or(0),
         log_last: inputs.iter().map(|(s, _)| s.log_last).max().unwrap_or(0),
     };
@@ -162,9 +170,18 @@ fn build_compaction(
         &rows,
         &segment::WriteOptions::default(),
     )?;
+    written(tablet, info).map(Some)
+}
+
+/// The reference and reader of a segment this tablet just wrote (its own:
+/// unshared, every row read).
+fn written(
+    tablet: &Tablet,
+    info: segment::SegmentInfo,
+) -> Result<(SegmentRef, Arc<SegmentReader>)> {
     let path = tablet.segment_dir.join(segment::file_name(&info.id));
     let reader = SegmentReader::open_with_id(&path, &info.id)?;
-    Ok(Some((
+    Ok((
         SegmentRef {
             id: info.id,
             bytes: info.bytes,
@@ -176,9 +193,10 @@ fn build_compaction(
             cold: None,
             origin: 0,
             shared: false,
+            keep: None,
         },
         Arc::new(reader),
-    )))
+    ))
 }
 
 /// The segment list once a compaction's inputs are replaced by `output`
@@ -219,23 +237,55 @@ fn compacted(
     Ok(out)
 }
 
+/// A published segment as the compaction policy sees it.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    pub id: String,
+    pub bytes: u64,
+    /// The tablet whose log positions its rows carry (its header's).
+    pub origin: u64,
+    /// Whether this tablet may rewrite it ([`may_rewrite`]).
+    pub movable: bool,
+    /// Whether it holds rows the tablet does not read (a split sibling's,
+    /// or outside its `keep` since a merge).
+    pub holds_unread: bool,
+}
+
+/// Whether a tablet may rewrite segment `s`: any but one shared since a
+/// split while a cold tier is on. Such a segment has one object, under the
+/// tablet that sealed it, which every tablet naming it reads; that tablet
+/// cannot delete it while another may still name it, so a rewrite by any
+/// of them would only store the rows twice in the bucket. It goes by
+/// retention. Without a cold tier each side rewrites its own link.
+pub fn may_rewrite(s: &SegmentRef, cold_tier: bool) -> bool {
+    !(s.shared && cold_tier)
+}
+
 /// The next compaction of a tablet's segment list (oldest first), if one
-/// is due: the oldest run of at least `min_inputs` adjacent segments, each
-/// smaller than a quarter of `target` bytes, none shared, all of one origin
-/// (`origin` of each: the tablet its rows' positions name), as long as
-/// their sum stays within `target` (the bound on one pass's work).
+/// is due. First a trim: the oldest movable segment that holds rows the
+/// tablet does not read, rewritten alone. Else the oldest run of at least
+/// `min_inputs` adjacent movable segments, each smaller than a quarter of
+/// `target` bytes, all of one origin, as long as their sum stays within
+/// `target`. Either bounds one pass's work (one segment, or `target`).
+/// `target` 0 turns both off.
 pub fn compaction_plan(
-    segments: &[(SegmentRef, u64)],
+    segments: &[Candidate],
     target: u64,
     min_inputs: usize,
 ) -> Option<Vec<String>> {
-    if target == 0 || min_inputs < 2 {
+    if target == 0 {
         return None;
     }
-    let small = |s: &SegmentRef| !s.shared && s.bytes < target / 4;
+    if let Some(s) = segments.iter().find(|s| s.movable && s.holds_unread) {
+        return Some(vec![s.id.clone()]);
+    }
+    if min_inputs < 2 {
+        return None;
+    }
+    let small = |s: &Candidate| s.movable && s.bytes < target / 4;
     let mut i = 0;
     while i < segments.len() {
-        let (first, origin) = &segments[i];
+        let first = &segments[i];
         if !small(first) {
             i += 1;
             continue;
@@ -243,8 +293,8 @@ pub fn compaction_plan(
         let mut run = vec![first.id.clone()];
         let mut bytes = first.bytes;
         let mut j = i + 1;
-        while let Some((s, o)) = segments.get(j) {
-            if !small(s) || o != origin || bytes + s.bytes > target {
+        while let Some(s) = segments.get(j) {
+            if !small(s) || s.origin != first.origin || bytes + s.bytes > target {
                 break;
             }
             bytes += s.bytes;
@@ -294,23 +344,7 @@ fn build(tablet: &Tablet, plan: &Plan) -> Result<Option<(SegmentRef, Arc<Segment
         &plan.rows,
         &segment::WriteOptions::default(),
     )?;
-    let path = tablet.segment_dir.join(format!("{}.seg", info.id));
-    let reader = SegmentReader::open_with_id(&path, &info.id)?;
-    Ok(Some((
-        SegmentRef {
-            id: info.id,
-            bytes: info.bytes,
-            rows: info.rows,
-            log_first: info.log_first,
-            log_last: info.log_last,
-            ts_min: info.ts_min,
-            ts_max: info.ts_max,
-            cold: None,
-            origin: 0,
-            shared: false,
-        },
-        Arc::new(reader),
-    )))
+    written(tablet, info).map(Some)
 }
 
 fn commit(
@@ -428,10 +462,11 @@ fn commit(
     if let (Some(list), Some(inputs)) = (compacted, &plan.compact) {
         data.segments = list;
         for (s, _) in inputs {
-            // Its file goes now (readers keep their handle); its object,
-            // if this tablet's, once a manifest no longer names it.
+            // Its file (this tablet's link) goes now: readers keep their
+            // handle. Its object, if this tablet's and no other tablet's
+            // since a split, once a manifest no longer names it.
             let _ = std::fs::remove_file(tablet.segment_dir.join(segment::file_name(&s.id)));
-            if s.origin == 0 && s.cold.is_some() {
+            if s.origin == 0 && !s.shared && s.cold.is_some() {
                 data.compacted_away.push(s.id.clone());
             }
         }
@@ -707,40 +742,33 @@ pub fn remove_orphans(dir: &Path, published: &[SegmentRef]) -> Result<()> {
 mod tests {
     use super::*;
 
-    fn seg(id: &str, bytes: u64, shared: bool) -> SegmentRef {
-        SegmentRef {
+    fn cand(id: &str, bytes: u64, movable: bool, origin: u64) -> Candidate {
+        Candidate {
             id: id.into(),
             bytes,
-            rows: 1,
-            log_first: 1,
-            log_last: 1,
-            ts_min: 0,
-            ts_max: 0,
-            cold: None,
-            origin: 0,
-            shared,
+            origin,
+            movable,
+            holds_unread: false,
         }
     }
 
     #[test]
-    fn compaction_takes_the_oldest_run_of_small_unshared_segments_of_one_origin() {
-        let list = |v: &[(&str, u64, bool, u64)]| -> Vec<(SegmentRef, u64)> {
-            v.iter()
-                .map(|(id, b, sh, o)| (seg(id, *b, *sh), *o))
-                .collect()
+    fn compaction_takes_the_oldest_run_of_small_movable_segments_of_one_origin() {
+        let list = |v: &[(&str, u64, bool, u64)]| -> Vec<Candidate> {
+            v.iter().map(|(id, b, m, o)| cand(id, *b, *m, *o)).collect()
         };
-        // Shared ones (from a split) and big ones break runs; too short a
-        // run waits.
+        // Unmovable ones (shared, with a cold tier) and big ones break
+        // runs; too short a run waits.
         let l = list(&[
-            ("a", 10, true, 1),
-            ("b", 10, false, 1),
-            ("c", 10, false, 1),
-            ("d", 500, false, 1),
-            ("e", 10, false, 2),
-            ("f", 10, false, 2),
-            ("g", 10, false, 2),
-            ("h", 10, false, 2),
-            ("i", 10, false, 2),
+            ("a", 10, false, 1),
+            ("b", 10, true, 1),
+            ("c", 10, true, 1),
+            ("d", 500, true, 1),
+            ("e", 10, true, 2),
+            ("f", 10, true, 2),
+            ("g", 10, true, 2),
+            ("h", 10, true, 2),
+            ("i", 10, true, 2),
         ]);
         assert_eq!(
             compaction_plan(&l, 1000, 4),
@@ -755,12 +783,12 @@ mod tests {
         assert_eq!(compaction_plan(&l, 1000, 6), None);
         // Another origin ends a run; the sum stays within the target.
         let l = list(&[
-            ("a", 200, false, 1),
-            ("b", 200, false, 1),
-            ("c", 200, false, 1),
-            ("d", 200, false, 1),
-            ("e", 200, false, 1),
-            ("f", 200, false, 1),
+            ("a", 200, true, 1),
+            ("b", 200, true, 1),
+            ("c", 200, true, 1),
+            ("d", 200, true, 1),
+            ("e", 200, true, 1),
+            ("f", 200, true, 1),
         ]);
         assert_eq!(
             compaction_plan(&l, 1000, 4),
@@ -773,6 +801,54 @@ mod tests {
             ])
         );
         assert_eq!(compaction_plan(&l, 0, 4), None, "off");
+    }
+
+    #[test]
+    fn a_segment_holding_unread_rows_is_trimmed_first_and_alone() {
+        let mut l: Vec<Candidate> = (0..6)
+            .map(|i| cand(&format!("s{i}"), 10, true, 1))
+            .collect();
+        l[3].holds_unread = true;
+        l[4].holds_unread = true;
+        assert_eq!(compaction_plan(&l, 1000, 4), Some(vec!["s3".into()]));
+        // Big or not, movable only: a shared segment under a cold tier
+        // stays for retention.
+        l[3].movable = false;
+        l[4].bytes = 10_000;
+        assert_eq!(compaction_plan(&l, 1000, 4), Some(vec!["s4".into()]));
+        assert_eq!(compaction_plan(&l, 0, 4), None, "off");
+        let shared = |origin| SegmentRef {
+            origin,
+            shared: true,
+            ..published("x")
+        };
+        assert!(
+            !may_rewrite(&shared(0), true),
+            "the owner's, with a cold tier"
+        );
+        assert!(
+            !may_rewrite(&shared(7), true),
+            "another's, with a cold tier"
+        );
+        assert!(may_rewrite(&shared(0), false));
+        assert!(may_rewrite(&shared(7), false));
+        assert!(may_rewrite(&published("y"), true));
+    }
+
+    fn published(id: &str) -> SegmentRef {
+        SegmentRef {
+            id: id.into(),
+            bytes: 1,
+            rows: 1,
+            log_first: 1,
+            log_last: 1,
+            ts_min: 0,
+            ts_max: 0,
+            cold: None,
+            origin: 0,
+            shared: false,
+            keep: None,
+        }
     }
 
     #[test]
@@ -790,6 +866,7 @@ mod tests {
             cold: None,
             origin: 0,
             shared: false,
+            keep: None,
         };
         let orphan = "fedcba9876543210fedcba9876543210";
         for name in [

@@ -113,6 +113,9 @@ struct Adoptable {
 
 /// Waits until the replica of `absorbed` on this node is frozen with every
 /// row published, over range `[lo, hi)`, and takes what a merge adopts.
+/// Also waits for this tablet's compactions in flight to publish: they
+/// resolve against the segments' `keep` as of their place in the log, and
+/// the merge changes it.
 /// The controller orders `Merge` only once every voter of the absorbed
 /// tablet reported that state, and the voters of both tablets are on the
 /// same nodes, so the wait is short; it ends with an error only when the
@@ -127,7 +130,8 @@ async fn adoptable(
     let started = std::time::Instant::now();
     let mut warned = 0u64;
     loop {
-        if let Some(t) = locals.get(absorbed) {
+        let compacting = me.read().frozen.iter().any(|f| f.compact.is_some());
+        if !compacting && let Some(t) = locals.get(absorbed) {
             let d = t.read();
             if d.published.frozen && d.frozen.is_empty() && t.range() == (lo, hi) {
                 let segments = d.segments.clone();
@@ -183,20 +187,31 @@ fn merge(
         generation: generation.max(live.generation),
         frozen: false,
     };
-    // Segments both tablets name (shared since a split of one from the
-    // other) are read once.
+    // Each side goes on reading of its segments only what it read so far:
+    // a segment shared since a split may hold rows of both, and one side
+    // may have rewritten its copy without the other's rows. A segment both
+    // name is read once, for what either read.
+    let header = |reader: &crate::segment::SegmentReader| {
+        let h = reader.header();
+        (h.vshard_lo, h.vshard_hi)
+    };
+    for (s, reader) in data.segments.iter_mut().chain(data.adopted.iter_mut()) {
+        *s = s.clone().narrowed(header(reader), (live.lo, live.hi));
+    }
     for (seg, reader) in from.segments {
-        let known = data
+        let seg = SegmentRef {
+            origin: seg.owner(absorbed),
+            ..seg.narrowed(header(&reader), (lo, hi))
+        };
+        let h = header(&reader);
+        match data
             .segments
-            .iter()
-            .chain(data.adopted.iter())
-            .any(|(s, _)| s.id == seg.id);
-        if !known {
-            let seg = SegmentRef {
-                origin: seg.owner(absorbed),
-                ..seg
-            };
-            data.adopted.push((seg, reader));
+            .iter_mut()
+            .chain(data.adopted.iter_mut())
+            .find(|(s, _)| s.id == seg.id)
+        {
+            Some((mine, _)) => mine.widen(h, &seg.reads(h, (lo, hi))),
+            None => data.adopted.push((seg, reader)),
         }
     }
     // The union of the receipts, each republished with this seal (index

@@ -222,6 +222,7 @@ fn damaged_cold_bytes_are_refetched_once_then_reported() {
         cold: None,
         origin: 0,
         shared: false,
+        keep: None,
     };
     let reader = super::cold::open_reader(&tier, 1, &seg).unwrap();
     let expected = reader.scan("a/b", b"", 0, u64::MAX).unwrap();
