@@ -171,7 +171,7 @@ impl Agent {
                     learners: v.learners.into_iter().collect(),
                     joint: v.joint,
                     range_generation: r.tablet.generation(),
-                    segment_bytes: r.tablet.read().segments.iter().map(|(s, _)| s.bytes).sum(),
+                    segment_bytes: r.tablet.read_bytes(),
                     records_applied: r.tablet.stats.records_applied.load(Ordering::Relaxed),
                     reads_served: r.tablet.stats.reads_served.load(Ordering::Relaxed),
                     frozen: r.tablet.is_frozen() && {

@@ -94,6 +94,20 @@ impl SegmentRef {
         }
     }
 
+    /// The bytes of the segment a tablet over `range` reads, estimated by
+    /// the share of the segment's vshard range it reads (vshards are
+    /// hashes, so rows spread evenly over them): a split's halves each
+    /// count about half of what they share, not all of it.
+    pub fn read_bytes(&self, header: (u32, u64), range: (u32, u64)) -> u64 {
+        let width = |(lo, hi): (u32, u64)| hi.saturating_sub(u64::from(lo));
+        let whole = width(header);
+        if whole == 0 {
+            return self.bytes;
+        }
+        let read: u64 = self.reads(header, range).into_iter().map(width).sum();
+        (u128::from(self.bytes) * u128::from(read) / u128::from(whole)) as u64
+    }
+
     /// Whether the segment may hold rows a tablet over `range` does not
     /// read (rows of a split sibling, or of the other side of a merge).
     pub fn holds_unread(&self, header: (u32, u64), range: (u32, u64)) -> bool {
@@ -501,6 +515,13 @@ mod tests {
         assert_eq!(seg.reads(header, (100, 200)), vec![(100, 200)]);
         assert!(seg.holds_unread(header, (100, 200)));
         assert!(!seg.holds_unread(header, (0, 1 << 32)));
+        let big = SegmentRef {
+            bytes: 3000,
+            ..seg.clone()
+        };
+        assert_eq!(big.read_bytes(header, (100, 200)), 1000);
+        assert_eq!(big.read_bytes(header, (0, 1 << 32)), 3000);
+        assert_eq!(big.read_bytes(header, (400, 500)), 0);
         let low = seg.clone().narrowed(header, (0, 100));
         let high = seg.clone().narrowed(header, (200, 300));
         assert_eq!(low.keep, Some(vec![(0, 100)]));

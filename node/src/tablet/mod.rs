@@ -637,6 +637,20 @@ impl Tablet {
         Ok((rows, applied))
     }
 
+    /// Bytes of published segments this tablet reads (of a segment shared
+    /// since a split, its share): its size, for automatic splits and merges.
+    pub fn read_bytes(&self) -> u64 {
+        let range = self.range();
+        self.read()
+            .segments
+            .iter()
+            .map(|(s, reader)| {
+                let h = reader.header();
+                s.read_bytes((h.vshard_lo, h.vshard_hi), range)
+            })
+            .sum()
+    }
+
     /// The latest record of a key in the live range, and the applied index.
     pub fn latest_unlocked(&self, namespace: &str, key: &[u8]) -> Result<(Option<Row>, u64)> {
         let (segments, applied) = {
