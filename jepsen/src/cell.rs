@@ -27,12 +27,25 @@ pub struct CellSpec {
     pub controlled: bool,
     /// Each node in its own network namespace, faults by nftables.
     pub netns: bool,
-    /// A cold tier: a `file://` bucket shared by the nodes, segments
-    /// sealed within 2 s and evicted once uploaded.
+    /// A cold tier: a bucket shared by the nodes, segments sealed within
+    /// 2 s and evicted once uploaded. A `file://` bucket in the run's
+    /// directory, or with `s3`, a bucket on that S3 server.
     pub cold: bool,
+    /// An S3 server (moto) for the cold tier, reached through a proxy the
+    /// `s3` nemesis stalls and fails.
+    pub s3: Option<S3Server>,
     /// libfaketime (`libfaketimeMT.so.1`) preloaded into every node, each
     /// reading its wall-clock offset from a file the clock nemesis writes.
     pub faketime: Option<PathBuf>,
+}
+
+/// An S3-compatible server and a bucket on it (credentials: any, as moto
+/// takes them).
+#[derive(Debug, Clone)]
+pub struct S3Server {
+    /// `host:port` of the server, on loopback.
+    pub addr: std::net::SocketAddr,
+    pub bucket: String,
 }
 
 /// Where Debian's `faketime` package puts the multithreaded library.
@@ -53,6 +66,9 @@ pub struct Cell {
     failing: Vec<usize>,
     controller: Option<Child>,
     net: Option<crate::netns::Netns>,
+    /// The proxy between the nodes and the S3 server, and the object-key
+    /// prefix of this run.
+    s3: Option<(crate::s3proxy::S3Proxy, String)>,
 }
 
 /// A base port with `n` TCP ports and `n` UDP ports 100 above free, below
@@ -135,7 +151,18 @@ impl Cell {
             failing: Vec::new(),
             controller: None,
             net,
+            s3: None,
         };
+        if let (true, Some(server)) = (cell.spec.cold, &cell.spec.s3) {
+            // Nodes in namespaces reach the runner on the bridge.
+            let listen: std::net::SocketAddr = match &cell.net {
+                Some(net) => format!("{}:0", net.gateway()).parse()?,
+                None => "127.0.0.1:0".parse()?,
+            };
+            let proxy = crate::s3proxy::S3Proxy::start(listen, server.addr)?;
+            let prefix = format!("jepsen-{seed}-{}", std::process::id());
+            cell.s3 = Some((proxy, prefix));
+        }
         if cell.spec.controlled {
             cell.start_controller()?;
         }
@@ -357,9 +384,22 @@ impl Cell {
                 .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
         }
         if self.spec.cold {
-            cmd.arg("--object-store")
-                .arg(format!("file://{}", self.dir.join("bucket").display()))
-                .args(["--cell-id", "jepsen", "--hot-age-s", "0"])
+            match (&self.s3, &self.spec.s3) {
+                (Some((proxy, prefix)), Some(server)) => {
+                    cmd.arg("--object-store")
+                        .arg(format!("s3://{}/{prefix}", server.bucket))
+                        .arg("--s3-endpoint")
+                        .arg(format!("http://{}", proxy.addr()))
+                        .args(["--s3-allow-http", "--s3-region", "us-east-1"])
+                        .args(["--s3-access-key-id", "jepsen"])
+                        .args(["--s3-secret-access-key", "jepsen"]);
+                }
+                _ => {
+                    cmd.arg("--object-store")
+                        .arg(format!("file://{}", self.dir.join("bucket").display()));
+                }
+            }
+            cmd.args(["--cell-id", "jepsen", "--hot-age-s", "0"])
                 .args(["--memtable-age-max-s", "2"]);
         }
         let child = cmd.spawn().with_context(|| format!("start node {n}"))?;
@@ -470,10 +510,35 @@ impl Cell {
         Ok(())
     }
 
-    /// Heals every partition and pause; restarts killed nodes.
+    /// Stalls (`stall`) or fails every request to the cold tier's S3
+    /// server until `heal`. False without a cold tier on S3.
+    pub fn s3_fault(&self, stall: bool) -> bool {
+        match &self.s3 {
+            Some((proxy, _)) => {
+                proxy.set(if stall {
+                    crate::s3proxy::Mode::Stall
+                } else {
+                    crate::s3proxy::Mode::Fail
+                });
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Bytes the nodes sent to the S3 server and got back, with a cold
+    /// tier on S3.
+    pub fn s3_bytes(&self) -> Option<(u64, u64)> {
+        self.s3.as_ref().map(|(proxy, _)| proxy.bytes())
+    }
+
+    /// Heals every partition, pause and S3 fault; restarts killed nodes.
     pub fn heal(&mut self) -> anyhow::Result<()> {
         if let Some(net) = &self.net {
             net.heal()?;
+        }
+        if let Some((proxy, _)) = &self.s3 {
+            proxy.set(crate::s3proxy::Mode::Pass);
         }
         for n in 1..=self.spec.nodes {
             self.set_clock(n, "+0")?;

@@ -6,6 +6,7 @@
 //!   partitions and packet loss.
 //! - [`netns`]: network namespaces behind a bridge and nftables rules.
 //! - [`run`]: one run: clients, a nemesis, heal, final reads, check, store.
+//! - [`s3proxy`]: a proxy in front of the S3 server for the `s3` nemesis.
 //!
 //! The `stele-jepsen` binary runs one seeded run or the CI smoke. Nothing
 //! else may depend on this crate.
@@ -15,3 +16,4 @@ pub mod checker;
 pub mod history;
 pub mod netns;
 pub mod run;
+pub mod s3proxy;

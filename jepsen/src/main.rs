@@ -28,6 +28,15 @@ struct Cli {
     /// peer filter; `auto`: netns where possible.
     #[arg(long, global = true, default_value = "auto")]
     net: String,
+    /// An S3 server (moto) for the cold tier, `http://127.0.0.1:PORT`
+    /// (default: $STELE_TEST_S3_ENDPOINT, which scripts/test sets); without
+    /// one the cold tier is a `file://` bucket and the `s3` nemesis is out.
+    #[arg(long, global = true)]
+    s3_endpoint: Option<String>,
+    /// The bucket on that server (default: $STELE_TEST_S3_BUCKET, else
+    /// `stele-test`); it must exist. Each run writes under its own prefix.
+    #[arg(long, global = true)]
+    s3_bucket: Option<String>,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -63,6 +72,10 @@ enum Cmd {
         /// linearizability).
         #[arg(long, default_value = "list-append")]
         workload: Workload,
+        /// A cold tier for any workload (`all` turns it on when there is an
+        /// S3 server): segments evicted within seconds, reads from the bucket.
+        #[arg(long)]
+        cold: bool,
     },
     /// Short seeded runs (kill, pause, partitions, packet loss, churn) and
     /// a negative control that must be caught; prints `N passed, N failed`.
@@ -89,8 +102,42 @@ fn default_bin() -> PathBuf {
     target.join("debug").join("stele")
 }
 
+/// The S3 server from `--s3-endpoint`/`--s3-bucket` or the test script's
+/// environment.
+fn s3_server(cli: &Cli) -> anyhow::Result<Option<stele_jepsen::cell::S3Server>> {
+    use std::net::ToSocketAddrs;
+    let Some(endpoint) = cli
+        .s3_endpoint
+        .clone()
+        .or_else(|| std::env::var("STELE_TEST_S3_ENDPOINT").ok())
+    else {
+        return Ok(None);
+    };
+    let hostport = endpoint
+        .strip_prefix("http://")
+        .ok_or_else(|| anyhow::anyhow!("--s3-endpoint {endpoint:?}: want http://host:port"))?
+        .trim_end_matches('/');
+    let addr = hostport
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("--s3-endpoint {endpoint:?}: no address"))?;
+    let bucket = cli
+        .s3_bucket
+        .clone()
+        .or_else(|| std::env::var("STELE_TEST_S3_BUCKET").ok())
+        .unwrap_or_else(|| "stele-test".into());
+    Ok(Some(stele_jepsen::cell::S3Server { addr, bucket }))
+}
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    let s3 = match s3_server(&cli) {
+        Ok(s3) => s3,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return std::process::ExitCode::from(2);
+        }
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -125,6 +172,7 @@ fn main() -> std::process::ExitCode {
                 unsafe_local_reads,
                 controlled,
                 workload,
+                cold,
             } => {
                 let label = if nemesis.contains(&Nemesis::All) {
                     "all".to_string()
@@ -135,12 +183,16 @@ fn main() -> std::process::ExitCode {
                         .collect::<Vec<_>>()
                         .join("+")
                 };
-                let (nemesis, controlled) = if nemesis.contains(&Nemesis::All) {
+                let (nemesis, controlled, cold) = if nemesis.contains(&Nemesis::All) {
                     let faketime =
                         std::path::Path::new(stele_jepsen::cell::FAKETIME_LIB).exists();
-                    (Nemesis::all(netns, faketime), true)
+                    (
+                        Nemesis::all(netns, faketime, s3.is_some()),
+                        true,
+                        cold || s3.is_some(),
+                    )
                 } else {
-                    (nemesis, controlled)
+                    (nemesis, controlled, cold)
                 };
                 let name = format!(
                     "{}{}-seed{seed}{}",
@@ -166,6 +218,8 @@ fn main() -> std::process::ExitCode {
                     controlled,
                     netns,
                     workload,
+                    cold,
+                    s3: s3.clone(),
                 };
                 let r = run(&opts).await?;
                 println!("{}", serde_json::to_string_pretty(&r)?);
@@ -221,6 +275,8 @@ fn main() -> std::process::ExitCode {
                     // Unique inserts, read once at the end, partly from
                     // segments evicted to the bucket.
                     ("set", vec![Nemesis::Kill, Nemesis::Partition], false, false, 17),
+                    // The same on S3, whose requests stall or fail.
+                    ("set+s3", vec![Nemesis::Kill, Nemesis::S3], false, false, 19),
                     // Reads, writes and compare-and-set per key, checked for
                     // linearizability.
                     (
@@ -236,6 +292,9 @@ fn main() -> std::process::ExitCode {
                 if !faketime {
                     println!("smoke: no libfaketime here; the clock nemesis is left out");
                 }
+                if s3.is_none() {
+                    println!("smoke: no S3 server (STELE_TEST_S3_ENDPOINT); the s3 case is left out");
+                }
                 println!(
                     "smoke: faults by {}",
                     if netns {
@@ -246,6 +305,10 @@ fn main() -> std::process::ExitCode {
                 );
                 let (mut passed, mut failed) = (0, 0);
                 for (name, nemeses, unsafe_reads, controlled, seed) in cases {
+                    let on_s3 = nemeses.contains(&Nemesis::S3);
+                    if on_s3 && s3.is_none() {
+                        continue;
+                    }
                     let opts = RunOptions {
                         bin: bin.clone(),
                         store: cli.store.clone(),
@@ -261,10 +324,12 @@ fn main() -> std::process::ExitCode {
                         controlled,
                         netns,
                         workload: match name {
-                            "set" => Workload::Set,
+                            "set" | "set+s3" => Workload::Set,
                             "register" => Workload::Register,
                             _ => Workload::ListAppend,
                         },
+                        cold: false,
+                        s3: s3.clone().filter(|_| on_s3),
                     };
                     let ok = match run(&opts).await {
                         // The negative control passes when the checker

@@ -100,6 +100,10 @@ pub enum Nemesis {
     /// workload's namespace, under the workload (nothing when one tablet
     /// holds the whole namespace; pair it with `split`).
     Merge,
+    /// Stall every request of the cold tier to its S3 server, or answer
+    /// each `503 Slow Down` (a cold tier on S3: `--cold` and an S3 server);
+    /// heal lets them through.
+    S3,
     /// Every nemesis this machine can run ([`Nemesis::all`]); implies a
     /// controlled cell.
     All,
@@ -107,8 +111,9 @@ pub enum Nemesis {
 
 impl Nemesis {
     /// What `all` stands for here: network faults by namespaces only with
-    /// `netns`, clock faults only with libfaketime installed.
-    pub fn all(netns: bool, faketime: bool) -> Vec<Nemesis> {
+    /// `netns`, clock faults only with libfaketime installed, S3 faults
+    /// only with an S3 server.
+    pub fn all(netns: bool, faketime: bool, s3: bool) -> Vec<Nemesis> {
         let mut v = vec![
             Nemesis::Kill,
             Nemesis::KillLeader,
@@ -127,6 +132,9 @@ impl Nemesis {
         }
         if faketime {
             v.push(Nemesis::Clock);
+        }
+        if s3 {
+            v.push(Nemesis::S3);
         }
         v
     }
@@ -150,6 +158,7 @@ impl std::str::FromStr for Nemesis {
             "churn" => Nemesis::Churn,
             "split" => Nemesis::Split,
             "merge" => Nemesis::Merge,
+            "s3" => Nemesis::S3,
             "all" => Nemesis::All,
             other => return Err(format!("unknown nemesis {other:?}")),
         })
@@ -179,6 +188,12 @@ pub struct RunOptions {
     /// the transport peer filter).
     pub netns: bool,
     pub workload: Workload,
+    /// A cold tier whatever the workload (the set workload always has
+    /// one): segments sealed within 2 s and evicted once uploaded, so reads
+    /// go to the bucket.
+    pub cold: bool,
+    /// The cold tier's S3 server (else a `file://` bucket).
+    pub s3: Option<crate::cell::S3Server>,
 }
 
 #[derive(Debug, Serialize)]
@@ -200,7 +215,13 @@ pub struct Results {
     pub register_report: Option<crate::checker::register::RegisterReport>,
     /// Segment objects in the cold tier's bucket at the end (set workload):
     /// the final read found these evicted locally and read them there.
+    /// `file://` buckets only.
     pub bucket_segments: Option<usize>,
+    /// Where the cold tier was: none, `file`, or `s3` (through the proxy).
+    pub cold_tier: &'static str,
+    /// Bytes the nodes sent to the S3 server and got back (cold tier on
+    /// S3): uploads, and cold reads of evicted segments.
+    pub s3_bytes: Option<(u64, u64)>,
     pub faults: usize,
     pub elapsed_s: f64,
 }
@@ -673,6 +694,30 @@ async fn nemesis(
                     "write-fail"
                 }
             }
+            Nemesis::S3 => {
+                let stall = rng.random_bool(0.5);
+                if !cell.s3_fault(stall) {
+                    anyhow::bail!(
+                        "the s3 nemesis needs a cold tier on S3 (--cold and an S3 server)"
+                    );
+                }
+                log.push(NemesisEvent {
+                    time_ns: rec.now(),
+                    action: if stall { "s3-stall" } else { "s3-503" }.into(),
+                    nodes: Vec::new(),
+                });
+                faults += 1;
+                tokio::time::sleep(hold.min(stop_at.saturating_duration_since(Instant::now())))
+                    .await;
+                cell.heal()?;
+                log.push(NemesisEvent {
+                    time_ns: rec.now(),
+                    action: "heal".into(),
+                    nodes: Vec::new(),
+                });
+                tokio::time::sleep(Duration::from_millis(rng.random_range(t..3 * t))).await;
+                continue;
+            }
             Nemesis::KillController => {
                 if !cell.kill_controller() {
                     anyhow::bail!("kill-controller needs a controlled cell (--controlled)");
@@ -935,7 +980,8 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         unsafe_local_reads: opts.unsafe_local_reads,
         controlled: opts.controlled,
         netns: opts.netns,
-        cold: opts.workload == Workload::Set,
+        cold: opts.cold || opts.workload == Workload::Set,
+        s3: opts.s3.clone(),
         faketime: opts
             .nemeses
             .contains(&Nemesis::Clock)
@@ -1065,7 +1111,14 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
             && register_report.as_ref().is_none_or(|r| r.valid()),
         bucket_segments: set_report
             .as_ref()
+            .filter(|_| cell.s3_bytes().is_none())
             .map(|_| count_segments(&dir.join("bucket"))),
+        cold_tier: match (cell.spec.cold, cell.s3_bytes().is_some()) {
+            (false, _) => "none",
+            (true, false) => "file",
+            (true, true) => "s3",
+        },
+        s3_bytes: cell.s3_bytes(),
         report,
         set_report,
         register_report,
