@@ -22,6 +22,9 @@ pub struct CellSpec {
     pub election_timeout_ms: u64,
     /// The negative control: nodes serve leader reads without a read index.
     pub unsafe_local_reads: bool,
+    /// The other negative control: nodes acknowledge journal writes
+    /// without fdatasync (a power cut then loses them).
+    pub unsafe_skip_fsync: bool,
     /// Run a controller (its own process, never faulted) and let it place
     /// the tablets, instead of a static `--peers` cell.
     pub controlled: bool,
@@ -367,9 +370,13 @@ impl Cell {
         if self.spec.unsafe_local_reads {
             cmd.env("STELE_UNSAFE_LOCAL_READS", "1");
         }
-        if let Some(f) = failpoints {
-            cmd.env("STELE_FAILPOINTS", f);
+        // Every node records its synced journal lengths, for power cuts.
+        let mut points = vec!["journal-sync-marks"];
+        if self.spec.unsafe_skip_fsync {
+            points.push("journal-skip-sync");
         }
+        points.extend(failpoints);
+        cmd.env("STELE_FAILPOINTS", points.join(","));
         if let Some(lib) = &self.spec.faketime {
             // Only the wall clock moves: monotonic time (timers, Raft
             // timeouts) is left alone, as on a real machine whose clock is
@@ -428,6 +435,40 @@ impl Cell {
             let _ = c.wait();
         }
         self.paused.retain(|p| *p != n);
+    }
+
+    /// A power cut of the whole cell: every node SIGKILLed at once, then
+    /// each journal file cut back to the length its node last synced
+    /// (`journal/SYNCED`, written by the `journal-sync-marks` fail point):
+    /// what a machine loses of writes it never synced. `heal` restarts
+    /// them. Returns the bytes cut.
+    pub fn power_cut(&mut self) -> anyhow::Result<u64> {
+        for n in 1..=self.spec.nodes {
+            self.kill(n);
+        }
+        let mut cut = 0;
+        for n in 1..=self.spec.nodes {
+            let journal = self.dir.join(format!("data{n}")).join("journal");
+            let marks = std::fs::read_to_string(journal.join("SYNCED")).unwrap_or_default();
+            for line in marks.lines() {
+                let Some((seq, len)) = line.split_once(' ') else {
+                    continue;
+                };
+                let (Ok(seq), Ok(len)) = (seq.parse::<u64>(), len.trim().parse::<u64>()) else {
+                    continue;
+                };
+                let path = journal.join(format!("{seq:020}.wal"));
+                let Ok(file) = std::fs::OpenOptions::new().write(true).open(&path) else {
+                    continue;
+                };
+                let now = file.metadata()?.len();
+                if now > len {
+                    file.set_len(len)?;
+                    cut += now - len;
+                }
+            }
+        }
+        Ok(cut)
     }
 
     pub fn pause(&mut self, n: usize) {

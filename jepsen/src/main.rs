@@ -63,6 +63,10 @@ enum Cmd {
         /// Negative control: nodes serve leader reads without a read index.
         #[arg(long)]
         unsafe_local_reads: bool,
+        /// Negative control: nodes acknowledge journal writes without
+        /// fdatasync (`power-cut` must then find lost writes).
+        #[arg(long)]
+        unsafe_skip_fsync: bool,
         /// Four nodes placed by a controller (needed for `churn`).
         #[arg(long)]
         controlled: bool,
@@ -170,6 +174,7 @@ fn main() -> std::process::ExitCode {
                 keys,
                 appends_per_key,
                 unsafe_local_reads,
+                unsafe_skip_fsync,
                 controlled,
                 workload,
                 cold,
@@ -202,7 +207,12 @@ fn main() -> std::process::ExitCode {
                         Workload::ListAppend => "",
                     },
                     label,
-                    if unsafe_local_reads { "-unsafe" } else { "" }
+                    match (unsafe_local_reads, unsafe_skip_fsync) {
+                        (true, true) => "-unsafe-reads-fsync",
+                        (true, false) => "-unsafe",
+                        (false, true) => "-unsafe-fsync",
+                        (false, false) => "",
+                    }
                 );
                 let opts = RunOptions {
                     bin,
@@ -215,6 +225,7 @@ fn main() -> std::process::ExitCode {
                     keys,
                     appends_per_key,
                     unsafe_local_reads,
+                    unsafe_skip_fsync,
                     controlled,
                     netns,
                     workload,
@@ -286,8 +297,13 @@ fn main() -> std::process::ExitCode {
                         false,
                         18,
                     ),
+                    // Power cuts of the whole cell lose nothing acknowledged.
+                    ("power-cut", vec![Nemesis::PowerCut], false, false, 20),
                     // Must be caught: a deposed leader serving reads.
                     ("negative-control", vec![Nemesis::PartitionLeader], true, false, 14),
+                    // Must be caught: acknowledged writes never synced,
+                    // lost in a power cut.
+                    ("negative-control-fsync", vec![Nemesis::PowerCut], true, false, 21),
                 ];
                 if !faketime {
                     println!("smoke: no libfaketime here; the clock nemesis is left out");
@@ -320,7 +336,8 @@ fn main() -> std::process::ExitCode {
                         keys: 4,
                         // Small, so the smoke exercises key rotation.
                         appends_per_key: 60,
-                        unsafe_local_reads: unsafe_reads,
+                        unsafe_local_reads: unsafe_reads && name == "negative-control",
+                        unsafe_skip_fsync: unsafe_reads && name == "negative-control-fsync",
                         controlled,
                         netns,
                         workload: match name {
@@ -371,6 +388,17 @@ fn main() -> std::process::ExitCode {
                                 ),
                             }
                             ok
+                        }
+                        // Acknowledged writes that were never synced, cut
+                        // from every node at once, can also leave no
+                        // majority able to elect: the cell never recovers,
+                        // which fails a run as surely as a lost write.
+                        Err(e)
+                            if name == "negative-control-fsync"
+                                && format!("{e:#}").contains("did not recover") =>
+                        {
+                            println!("smoke {name}: pass (caught: {e:#})");
+                            true
                         }
                         Err(e) => {
                             println!("smoke {name}: FAIL (run error: {e:#})");

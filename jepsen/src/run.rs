@@ -100,6 +100,10 @@ pub enum Nemesis {
     /// workload's namespace, under the workload (nothing when one tablet
     /// holds the whole namespace; pair it with `split`).
     Merge,
+    /// A power cut of the whole cell: every node killed at once and its
+    /// journal cut back to what it had synced; heal restarts them. Nothing
+    /// acknowledged may be lost.
+    PowerCut,
     /// Stall every request of the cold tier to its S3 server, or answer
     /// each `503 Slow Down` (a cold tier on S3: `--cold` and an S3 server);
     /// heal lets them through.
@@ -123,6 +127,7 @@ impl Nemesis {
             Nemesis::PartitionRing,
             Nemesis::KillController,
             Nemesis::FsyncFail,
+            Nemesis::PowerCut,
             Nemesis::Churn,
             Nemesis::Split,
             Nemesis::Merge,
@@ -159,6 +164,7 @@ impl std::str::FromStr for Nemesis {
             "split" => Nemesis::Split,
             "merge" => Nemesis::Merge,
             "s3" => Nemesis::S3,
+            "power-cut" => Nemesis::PowerCut,
             "all" => Nemesis::All,
             other => return Err(format!("unknown nemesis {other:?}")),
         })
@@ -181,6 +187,9 @@ pub struct RunOptions {
     pub appends_per_key: u64,
     /// Negative control: nodes serve leader reads without a read index.
     pub unsafe_local_reads: bool,
+    /// Negative control: nodes acknowledge without fdatasync (caught by
+    /// `power-cut`).
+    pub unsafe_skip_fsync: bool,
     /// Four nodes placed by a controller instead of a static three-node
     /// cell (needed for `churn`).
     pub controlled: bool,
@@ -202,6 +211,7 @@ pub struct Results {
     pub seed: u64,
     pub nemeses: Vec<Nemesis>,
     pub unsafe_local_reads: bool,
+    pub unsafe_skip_fsync: bool,
     pub controlled: bool,
     /// How partitions were made.
     pub partition_method: &'static str,
@@ -718,6 +728,25 @@ async fn nemesis(
                 tokio::time::sleep(Duration::from_millis(rng.random_range(t..3 * t))).await;
                 continue;
             }
+            Nemesis::PowerCut => {
+                let cut = tokio::task::block_in_place(|| cell.power_cut())?;
+                log.push(NemesisEvent {
+                    time_ns: rec.now(),
+                    action: format!("power-cut ({cut} unsynced journal bytes lost)"),
+                    nodes: (1..=nodes).collect(),
+                });
+                faults += 1;
+                tokio::time::sleep(hold.min(stop_at.saturating_duration_since(Instant::now())))
+                    .await;
+                cell.heal()?;
+                log.push(NemesisEvent {
+                    time_ns: rec.now(),
+                    action: "heal".into(),
+                    nodes: (1..=nodes).collect(),
+                });
+                tokio::time::sleep(Duration::from_millis(rng.random_range(t..3 * t))).await;
+                continue;
+            }
             Nemesis::KillController => {
                 if !cell.kill_controller() {
                     anyhow::bail!("kill-controller needs a controlled cell (--controlled)");
@@ -978,6 +1007,7 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         tablets: 2,
         election_timeout_ms: 1000,
         unsafe_local_reads: opts.unsafe_local_reads,
+        unsafe_skip_fsync: opts.unsafe_skip_fsync,
         controlled: opts.controlled,
         netns: opts.netns,
         cold: opts.cold || opts.workload == Workload::Set,
@@ -1103,6 +1133,7 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         seed: opts.seed,
         nemeses: opts.nemeses.clone(),
         unsafe_local_reads: opts.unsafe_local_reads,
+        unsafe_skip_fsync: opts.unsafe_skip_fsync,
         controlled: opts.controlled,
         partition_method: cell.partition_method(),
         workload: opts.workload,

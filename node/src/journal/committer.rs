@@ -30,6 +30,8 @@ pub(crate) struct Committer {
     pub(crate) seq: u64,
     /// Bytes durably in the active file; the next group is written here.
     pub(crate) len_bytes: u64,
+    /// Synced lengths for the power-loss fault (`journal-sync-marks`).
+    pub(crate) marks: Option<super::marks::Marks>,
 }
 
 impl Committer {
@@ -130,6 +132,11 @@ impl Committer {
 
         let base = self.len_bytes;
         self.len_bytes += group_bytes as u64;
+        if !shared.opts.faults.skip_sync()
+            && let Some(marks) = &mut self.marks
+        {
+            marks.synced(self.seq, self.len_bytes);
+        }
         let counters = &shared.counters;
         counters.fsyncs.fetch_add(1, Ordering::Relaxed);
         counters.groups.fetch_add(1, Ordering::Relaxed);
@@ -178,6 +185,10 @@ impl Committer {
         if self.shared.opts.faults.sync_fires() {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
+        if self.shared.opts.faults.skip_sync() {
+            // The negative control: acknowledged, never synced.
+            return Ok(());
+        }
         self.file.sync_data()
     }
 
@@ -206,6 +217,10 @@ impl Committer {
         self.file = file;
         self.seq = seq;
         self.len_bytes = HEADER_BYTES as u64;
+        if let Some(marks) = &mut self.marks {
+            // create_file synced the header and the directory entry.
+            marks.synced(seq, self.len_bytes);
+        }
         Ok(())
     }
 

@@ -21,6 +21,7 @@
 mod committer;
 mod error;
 mod format;
+mod marks;
 mod options;
 mod queue;
 mod recovery;
@@ -152,11 +153,29 @@ impl Journal {
             counters: Counters::default(),
             trim_lock: Mutex::new(()),
         });
+        if shared.opts.faults.skip_sync() {
+            tracing::warn!(
+                "STELE_FAILPOINTS journal-skip-sync: writes are acknowledged without fdatasync; a power cut loses them (jepsen negative control only)"
+            );
+        }
+        let marks = if shared.opts.faults.sync_marks() {
+            let files: Vec<(u64, u64)> = shared
+                .handles
+                .lock()
+                .expect("handles lock")
+                .iter()
+                .map(|(seq, f)| (*seq, f.metadata().map_or(0, |m| m.len())))
+                .collect();
+            Some(marks::Marks::load(&shared.opts.dir, &files))
+        } else {
+            None
+        };
         let committer = Committer {
             shared: Arc::clone(&shared),
             file,
             seq: recovered.active_seq,
             len_bytes: recovered.active_bytes,
+            marks,
         };
         let thread = std::thread::Builder::new()
             .name("journal-committer".into())

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::error::{Error, Result};
@@ -86,8 +86,11 @@ impl Options {
 /// does the same for the group write (which then writes half its bytes first,
 /// like a torn write). `disk-bytes=N` makes the node see a disk of N bytes
 /// holding just its data directory (free = N - the directory's size), for
-/// its disk reserve and the cold tier's watermarks. Several points are
-/// separated by commas.
+/// its disk reserve and the cold tier's watermarks. `journal-skip-sync`
+/// acknowledges groups without fdatasync (the harness's negative control:
+/// it must lose acknowledged writes in a power cut); `journal-sync-marks`
+/// records synced lengths for the harness's power cut (`SYNCED` in the
+/// journal directory, FORMAT.md). Several points are separated by commas.
 #[derive(Debug)]
 pub struct Faults {
     /// Countdown: 0 = disarmed, N = the N-th group fsync from now fails.
@@ -100,6 +103,10 @@ pub struct Faults {
     /// A simulated disk of this many bytes holding only the data directory
     /// (0: the real filesystem).
     pub disk_bytes: AtomicU64,
+    /// Groups are acknowledged without fdatasync (unsafe; jepsen only).
+    pub skip_sync: AtomicBool,
+    /// Synced lengths are recorded for a simulated power cut.
+    pub sync_marks: AtomicBool,
 }
 
 impl Faults {
@@ -112,6 +119,8 @@ impl Faults {
             fail_write_in: AtomicU64::new(0),
             free_bytes_override: AtomicU64::new(Self::FREE_BYTES_REAL),
             disk_bytes: AtomicU64::new(0),
+            skip_sync: AtomicBool::new(false),
+            sync_marks: AtomicBool::new(false),
         }
     }
 
@@ -135,6 +144,8 @@ impl Faults {
                 "journal-sync-eio" => faults.fail_sync_in.store(nth, Ordering::SeqCst),
                 "journal-write-eio" => faults.fail_write_in.store(nth, Ordering::SeqCst),
                 "disk-bytes" => faults.disk_bytes.store(nth, Ordering::SeqCst),
+                "journal-skip-sync" => faults.skip_sync.store(true, Ordering::SeqCst),
+                "journal-sync-marks" => faults.sync_marks.store(true, Ordering::SeqCst),
                 _ => {}
             }
         }
@@ -168,6 +179,16 @@ impl Faults {
             0 => None,
             n => Some(n),
         }
+    }
+
+    /// Whether groups skip their fdatasync (`journal-skip-sync`).
+    pub fn skip_sync(&self) -> bool {
+        self.skip_sync.load(Ordering::SeqCst)
+    }
+
+    /// Whether synced lengths are recorded (`journal-sync-marks`).
+    pub fn sync_marks(&self) -> bool {
+        self.sync_marks.load(Ordering::SeqCst)
     }
 
     /// Counts one sync down; true when this one must fail.
