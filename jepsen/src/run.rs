@@ -647,20 +647,21 @@ async fn nemesis(
             _ => rng.random_range(1..=nodes),
         };
         let hold = Duration::from_millis(rng.random_range(2 * t..4 * t));
-        let action = match which {
+        // Each fault: (what was done, to which nodes), held, then healed.
+        let (action, victims) = match which {
             Nemesis::Kill | Nemesis::KillLeader => {
                 cell.kill(victim);
-                "kill"
+                ("kill".to_string(), vec![victim])
             }
             Nemesis::Pause => {
                 cell.pause(victim);
-                "pause"
+                ("pause".to_string(), vec![victim])
             }
             Nemesis::Partition | Nemesis::PartitionLeader => {
                 cell.isolate(&[victim])?;
-                "isolate"
+                ("isolate".to_string(), vec![victim])
             }
-            Nemesis::PartitionRing => cell.ring(victim)?,
+            Nemesis::PartitionRing => (cell.ring(victim)?.to_string(), vec![victim]),
             Nemesis::Clock => {
                 let spec = match rng.random_range(0..3) {
                     0 => format!("+{}s", rng.random_range(5..300)),
@@ -673,22 +674,7 @@ async fn nemesis(
                         crate::cell::FAKETIME_LIB
                     );
                 }
-                log.push(NemesisEvent {
-                    time_ns: rec.now(),
-                    action: format!("clock {spec}"),
-                    nodes: vec![victim],
-                });
-                faults += 1;
-                tokio::time::sleep(hold.min(stop_at.saturating_duration_since(Instant::now())))
-                    .await;
-                cell.heal()?;
-                log.push(NemesisEvent {
-                    time_ns: rec.now(),
-                    action: "heal".into(),
-                    nodes: vec![victim],
-                });
-                tokio::time::sleep(Duration::from_millis(rng.random_range(t..3 * t))).await;
-                continue;
+                (format!("clock {spec}"), vec![victim])
             }
             Nemesis::FsyncFail => {
                 let point = if rng.random_bool(0.5) {
@@ -698,11 +684,12 @@ async fn nemesis(
                 };
                 let nth = rng.random_range(5..60);
                 cell.restart_with_failpoints(victim, &format!("{point}={nth}"))?;
-                if point == "journal-sync-eio" {
+                let action = if point == "journal-sync-eio" {
                     "fsync-fail"
                 } else {
                     "write-fail"
-                }
+                };
+                (action.to_string(), vec![victim])
             }
             Nemesis::S3 => {
                 let stall = rng.random_bool(0.5);
@@ -711,53 +698,27 @@ async fn nemesis(
                         "the s3 nemesis needs a cold tier on S3 (--cold and an S3 server)"
                     );
                 }
-                log.push(NemesisEvent {
-                    time_ns: rec.now(),
-                    action: if stall { "s3-stall" } else { "s3-503" }.into(),
-                    nodes: Vec::new(),
-                });
-                faults += 1;
-                tokio::time::sleep(hold.min(stop_at.saturating_duration_since(Instant::now())))
-                    .await;
-                cell.heal()?;
-                log.push(NemesisEvent {
-                    time_ns: rec.now(),
-                    action: "heal".into(),
-                    nodes: Vec::new(),
-                });
-                tokio::time::sleep(Duration::from_millis(rng.random_range(t..3 * t))).await;
-                continue;
+                let action = if stall { "s3-stall" } else { "s3-503" };
+                (action.to_string(), Vec::new())
             }
             Nemesis::PowerCut => {
                 let cut = tokio::task::block_in_place(|| cell.power_cut())?;
-                log.push(NemesisEvent {
-                    time_ns: rec.now(),
-                    action: format!("power-cut ({cut} unsynced journal bytes lost)"),
-                    nodes: (1..=nodes).collect(),
-                });
-                faults += 1;
-                tokio::time::sleep(hold.min(stop_at.saturating_duration_since(Instant::now())))
-                    .await;
-                cell.heal()?;
-                log.push(NemesisEvent {
-                    time_ns: rec.now(),
-                    action: "heal".into(),
-                    nodes: (1..=nodes).collect(),
-                });
-                tokio::time::sleep(Duration::from_millis(rng.random_range(t..3 * t))).await;
-                continue;
+                (
+                    format!("power-cut ({cut} unsynced journal bytes lost)"),
+                    (1..=nodes).collect(),
+                )
             }
             Nemesis::KillController => {
                 if !cell.kill_controller() {
                     anyhow::bail!("kill-controller needs a controlled cell (--controlled)");
                 }
-                "kill-controller"
+                ("kill-controller".to_string(), Vec::new())
             }
             Nemesis::Loss => {
                 if !cell.loss(victim, 30)? {
                     anyhow::bail!("the loss nemesis needs network namespaces (--net netns)");
                 }
-                "loss-30%"
+                ("loss-30%".to_string(), vec![victim])
             }
             Nemesis::Churn | Nemesis::Split | Nemesis::Merge => {
                 let done = tokio::task::block_in_place(|| match which {
@@ -779,15 +740,15 @@ async fn nemesis(
         faults += 1;
         log.push(NemesisEvent {
             time_ns: rec.now(),
-            action: action.into(),
-            nodes: vec![victim],
+            action,
+            nodes: victims.clone(),
         });
         tokio::time::sleep(hold.min(stop_at.saturating_duration_since(Instant::now()))).await;
         cell.heal()?;
         log.push(NemesisEvent {
             time_ns: rec.now(),
             action: "heal".into(),
-            nodes: vec![victim],
+            nodes: victims,
         });
         tokio::time::sleep(Duration::from_millis(rng.random_range(t..3 * t))).await;
     }

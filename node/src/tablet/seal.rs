@@ -855,19 +855,7 @@ mod tests {
     fn orphans_temps_and_fetch_parts_are_removed_published_and_others_kept() {
         let dir = tempfile::tempdir().unwrap();
         let published_id = "0123456789abcdef0123456789abcdef";
-        let published = SegmentRef {
-            id: published_id.into(),
-            bytes: 1,
-            rows: 1,
-            log_first: 1,
-            log_last: 1,
-            ts_min: 0,
-            ts_max: 0,
-            cold: None,
-            origin: 0,
-            shared: false,
-            keep: None,
-        };
+        let published = published(published_id);
         let orphan = "fedcba9876543210fedcba9876543210";
         for name in [
             format!("{published_id}.seg"),
