@@ -22,6 +22,17 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use crate::node::{Node, Replica};
+
+/// Milliseconds every key read sleeps between its read barrier and its
+/// read ([`delay_key_reads`]); 0: none.
+static KEY_READ_DELAY_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Fault injection for tests of a node in-process: every `ScanKey` then
+/// waits `ms` after its read barrier, as a read does that waits behind a
+/// slow apply, so a split can cut its range under it. 0 disarms.
+pub fn delay_key_reads(ms: u64) {
+    KEY_READ_DELAY_MS.store(ms, Ordering::SeqCst);
+}
 use crate::raft::router::node_of;
 use crate::segment::Row;
 
@@ -457,6 +468,10 @@ impl DataService {
         );
         let cursor: Option<KeyCursor> = decode_cursor(&req.cursor)?;
         self.read_barrier(&r, &req.read).await?;
+        match KEY_READ_DELAY_MS.load(Ordering::SeqCst) {
+            0 => {}
+            ms => tokio::time::sleep(Duration::from_millis(ms)).await,
+        }
         r.tablet.stats.reads_served.fetch_add(1, Ordering::Relaxed);
         let limit = limit_of(req.limit);
         let tablet = r.tablet.clone();
