@@ -582,6 +582,7 @@ pub async fn run_status(args: StatusArgs) -> anyhow::Result<()> {
         ("journal_files", s.journal_files),
         ("records_appended", s.records_appended),
         ("segments_sealed", s.segments_sealed),
+        ("compactions", s.compactions),
         ("replayed_frames", s.replayed_frames),
         ("free_bytes", s.free_bytes),
         ("peer_connections", s.peer_connections),

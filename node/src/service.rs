@@ -716,7 +716,7 @@ impl Data for DataService {
     ) -> Result<Response<pb::StatusResponse>, Status> {
         let js = self.node.journal.stats();
         let ts = self.node.transport_stats();
-        let (mut records, mut sealed, mut snapshots) = (0, 0, 0);
+        let (mut records, mut sealed, mut snapshots, mut compactions) = (0, 0, 0, 0);
         for r in self.node.replicas() {
             snapshots += r
                 .tablet
@@ -732,6 +732,11 @@ impl Data for DataService {
                 .tablet
                 .stats
                 .seals_published
+                .load(std::sync::atomic::Ordering::Relaxed);
+            compactions += r
+                .tablet
+                .stats
+                .compactions
                 .load(std::sync::atomic::Ordering::Relaxed);
         }
         let tier = self.node.options.tier.clone();
@@ -751,6 +756,7 @@ impl Data for DataService {
             journal_stopped: js.stopped.unwrap_or_default(),
             records_appended: records,
             segments_sealed: sealed,
+            compactions,
             replayed_frames: self
                 .node
                 .stats

@@ -179,9 +179,6 @@ pub struct TabletData {
     pub pending_merge: Option<MergeIn>,
     /// A compaction whose seal failed to publish, carried to the next seal.
     pub pending_compact: Option<Vec<String>>,
-    /// Segments a compaction replaced whose objects (under this tablet's
-    /// key) the tier deletes once a manifest no longer names them.
-    pub compacted_away: Vec<String>,
 }
 
 impl TabletData {
@@ -327,7 +324,6 @@ impl Tablet {
                 adopted: Vec::new(),
                 pending_merge: None,
                 pending_compact: None,
-                compacted_away: Vec::new(),
             }),
         }))
     }

@@ -463,12 +463,12 @@ fn commit(
         data.segments = list;
         for (s, _) in inputs {
             // Its file (this tablet's link) goes now: readers keep their
-            // handle. Its object, if this tablet's and no other tablet's
-            // since a split, once a manifest no longer names it.
+            // handle. Its object stays: a replica that was down across
+            // this compaction may still name the segment, with its local
+            // file evicted, and must open it to start and to replay the
+            // compaction (deleting it stopped such a node from starting;
+            // ARCHITECTURE, "Compaction").
             let _ = std::fs::remove_file(tablet.segment_dir.join(segment::file_name(&s.id)));
-            if s.origin == 0 && !s.shared && s.cold.is_some() {
-                data.compacted_away.push(s.id.clone());
-            }
         }
         tablet.stats.compactions.fetch_add(1, Ordering::Relaxed);
     }

@@ -704,7 +704,6 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
             adopted: Vec::new(),
             pending_merge: None,
             pending_compact: None,
-            compacted_away: Vec::new(),
         };
         // The unsealed rows of the snapshot exist nowhere durable on this
         // replica once openraft purges the log up to the snapshot: seal them

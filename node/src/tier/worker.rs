@@ -58,17 +58,6 @@ async fn round(node: &Node, tier: &Arc<Tier>, state: &mut State) {
             apply_retention(tier, r, state).await;
         }
     }
-    // Objects of segments a compaction replaced go like retention's: once
-    // a manifest without them is published (the leader's; every replica
-    // forgets its list).
-    for r in &replicas {
-        let gone = std::mem::take(&mut r.tablet.write().compacted_away);
-        if r.is_leader() {
-            state
-                .to_delete
-                .extend(gone.into_iter().map(|id| (r.tablet.id, id)));
-        }
-    }
     upload_pending(tier, &leaders).await;
     for r in &leaders {
         if let Err(e) = publish_manifest(tier, r, state).await {
