@@ -1060,15 +1060,17 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         c.await.context("client process panicked")?;
     }
     cell.heal()?;
+    // Written before the final reads: a cell that never recovers still
+    // leaves its history and faults for the post-mortem.
+    let events = rec.events.lock().expect("lock").clone();
+    write_jsonl(&dir.join("history.jsonl"), &events)?;
+    write_jsonl(&dir.join("nemesis.jsonl"), &log)?;
     let (finals, set_final) = match opts.workload {
         Workload::ListAppend => (final_reads(&cell, &keys.used()).await?, None),
         Workload::Set => (BTreeMap::new(), Some(final_set_read(&cell).await?)),
         Workload::Register => (BTreeMap::new(), None),
     };
     cell.stop();
-    let events = rec.events.lock().expect("lock").clone();
-    write_jsonl(&dir.join("history.jsonl"), &events)?;
-    write_jsonl(&dir.join("nemesis.jsonl"), &log)?;
     let ops = pair(&events).map_err(|e| anyhow::anyhow!("history does not pair: {e:?}"))?;
     let register_report = (opts.workload == Workload::Register)
         .then(|| crate::checker::register::check(&ops, Duration::from_secs(60)));
