@@ -1104,6 +1104,25 @@ async fn wait_for(
     panic!("tablet {id}: {what}");
 }
 
+/// Splits tablet 1 at `at` in-process: tablet 2 takes `[at, hi)`, with
+/// this node's replica its one voter.
+async fn split_tablet_1(node: &Node, at: u32) {
+    node.replica(1)
+        .unwrap()
+        .raft
+        .client_write(stele_proto::command::TabletCommand::Split {
+            at,
+            child: 2,
+            child_replicas: vec![stele_node::raft::router::replica_id(
+                2,
+                node.options.node_id,
+            )],
+            generation: 2,
+        })
+        .await
+        .unwrap();
+}
+
 /// The `keep` of a segment reference.
 type Keep = Option<Vec<(u32, u64)>>;
 
@@ -1164,19 +1183,7 @@ async fn a_shared_segment_trimmed_on_one_side_merges_back_without_doubles() {
     assert!(shared_before >= 2, "{shared_before} segments");
 
     // Split at AT: tablet 2 takes the high half, sharing every segment.
-    let child_replica = stele_node::raft::router::replica_id(2, opts.node_id);
-    r.node
-        .replica(1)
-        .unwrap()
-        .raft
-        .client_write(TabletCommand::Split {
-            at: AT,
-            child: 2,
-            child_replicas: vec![child_replica],
-            generation: 2,
-        })
-        .await
-        .unwrap();
+    split_tablet_1(&r.node, AT).await;
     wait_for(&r.node, 2, "child leads", |rep| rep.is_leader()).await;
     let (unread2, _) = unread(&r.node, 2);
     assert_eq!(unread2.len(), shared_before, "every shared segment");
@@ -1314,7 +1321,6 @@ async fn a_shared_segment_trimmed_on_one_side_merges_back_without_doubles() {
 /// came after the child's (low indices): positions order by tablet first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_reads_across_a_split_are_neither_empty_nor_out_of_order() {
-    use stele_proto::command::TabletCommand;
     const AT: u32 = 1 << 31;
     let dir = tempfile::tempdir().unwrap();
     let mut opts = options(dir.path());
@@ -1347,18 +1353,7 @@ async fn key_reads_across_a_split_are_neither_empty_nor_out_of_order() {
         .map_err(|s| ApiError::from_status(&s))
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    r.node
-        .replica(1)
-        .unwrap()
-        .raft
-        .client_write(TabletCommand::Split {
-            at: AT,
-            child: 2,
-            child_replicas: vec![stele_node::raft::router::replica_id(2, opts.node_id)],
-            generation: 2,
-        })
-        .await
-        .unwrap();
+    split_tablet_1(&r.node, AT).await;
     let got = read.await.unwrap();
     stele_node::service::delay_key_reads(0);
     assert!(
