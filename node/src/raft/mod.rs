@@ -96,6 +96,15 @@ pub fn tablet_config(timing: &RaftTiming) -> Result<Arc<openraft::Config>> {
         election_timeout_min: t / 2,
         election_timeout_max: t,
         enable_pre_vote: Some(true),
+        // A restarted leader campaigns like any node. Leader restore (the
+        // default) would let it resume its old term without an election,
+        // which is unsafe here twice over: its journal may have lost an
+        // unsynced tail its followers hold (new entries would reuse those
+        // indexes in the same term, and the followers keep theirs as the
+        // same entries), and the committed index it recovers is advisory
+        // and may be behind (its reads would miss acknowledged writes).
+        // Jepsen found both after power cuts; `replication_test` covers it.
+        enable_leader_restore: Some(false),
         enable_tick: false,
         snapshot_policy: openraft::SnapshotPolicy::Never,
         max_in_snapshot_log_to_keep: u64::MAX,

@@ -240,6 +240,11 @@ impl<S: QuorumState> Quorum<S> {
             election_timeout_min: timing.election_min_ms,
             election_timeout_max: timing.election_max_ms,
             enable_pre_vote: Some(true),
+            // As for tablets (`tablet_config`): a restarted leader holds an
+            // election. The log and committed index here are synced on
+            // every write, so restore would be safe today; an election
+            // costs a fraction of a second and keeps that one rule.
+            enable_leader_restore: Some(false),
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(timing.snapshot_every),
             max_in_snapshot_log_to_keep: 100,
             ..Default::default()
