@@ -281,32 +281,40 @@ async fn operator_commands_under_load_and_bad_input_refused() {
     let shown: serde_json::Value = cell.json(&["tablet", "show", &id]);
     assert_eq!(shown["leader_node"].as_u64(), Some(other));
 
-    // Bad input: refused with a reason, nothing changed.
-    nodes.remove(&5).unwrap().kill9();
+    // Bad input: refused with a reason, nothing changed. A node dies
+    // first: one that some tablet has no voter on (placement and the move
+    // above decide which; every tablet holds one node of z2 and one of z3).
+    let placed = cell.tablets();
+    let dead = [5u64, 2, 4, 3]
+        .into_iter()
+        .find(|n| placed.iter().any(|t| !voter_nodes(t).contains(n)))
+        .expect("a node some tablet has no voter on");
+    let dead_id = dead.to_string();
+    nodes.remove(&dead).unwrap().kill9();
     let dead_at = Instant::now();
     while !cell
         .node_list()
         .iter()
-        .any(|n| n["id"] == 5 && n["state"] == "dead")
+        .any(|n| n["id"] == dead && n["state"] == "dead")
     {
         assert!(
             dead_at.elapsed() < Duration::from_secs(20),
-            "node 5 not dead"
+            "node {dead} not dead"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let before = cell.tablets();
-    // A tablet without a voter on the dead node 5.
+    // A tablet without a voter on the dead node.
     let t = before
         .iter()
-        .find(|t| !voter_nodes(t).contains(&5))
-        .expect("a tablet without node 5");
+        .find(|t| !voter_nodes(t).contains(&dead))
+        .expect("a tablet without the dead node");
     let id = t["id"].as_u64().unwrap().to_string();
     let voters = voter_nodes(t);
     let holder = voters[1].to_string();
     let from = voters[0].to_string();
-    let non_voter = (1..=4u64)
-        .find(|n| !voters.contains(n))
+    let non_voter = (1..=5u64)
+        .find(|n| !voters.contains(n) && *n != dead)
         .unwrap()
         .to_string();
     let stale = (t["generation"].as_u64().unwrap() - 1).to_string();
@@ -316,7 +324,7 @@ async fn operator_commands_under_load_and_bad_input_refused() {
             "not in the cell",
         ),
         (
-            vec!["tablet", "move", &id, "--from", &from, "--to", "5"],
+            vec!["tablet", "move", &id, "--from", &from, "--to", &dead_id],
             "not Up",
         ),
         (
@@ -348,7 +356,7 @@ async fn operator_commands_under_load_and_bad_input_refused() {
         (vec!["node", "drain", "1"], "distinct failure domains"),
         (vec!["node", "drain", "77"], "not in the cell"),
         (
-            vec!["tablet", "transfer-leader", &id, "--to", "5"],
+            vec!["tablet", "transfer-leader", &id, "--to", &dead_id],
             "not an up node",
         ),
     ];
@@ -360,7 +368,7 @@ async fn operator_commands_under_load_and_bad_input_refused() {
             "{args:?}: refusal does not say {reason:?}: {err}"
         );
     }
-    // Leaders may move on their own (node 5 died); the placement may not.
+    // Leaders may move on their own (a node died); the placement may not.
     let shape = |ts: Vec<serde_json::Value>| -> Vec<serde_json::Value> {
         ts.into_iter()
             .map(|mut t| {
@@ -443,15 +451,20 @@ async fn operator_commands_under_load_and_bad_input_refused() {
     );
 
     // Drain a node under load: every replica and leadership leaves it.
-    // (Node 5 is dead but within its grace: its replicas stay, so drain
-    // node 2, whose zone keeps node 5... z2 = {2, 5}: drain 3 instead,
-    // z3 = {3, 4}.)
-    let (ok, out, err) = cell.cli(&["node", "drain", "3", "--wait"]);
+    // The dead node is within its grace, so its replicas stay: drain a
+    // node of the other two-node zone (z2 = {2, 5}, z3 = {3, 4}), whose
+    // partner is up to take its replicas.
+    let drained: u64 = if dead == 3 || dead == 4 { 2 } else { 3 };
+    let (ok, out, err) = cell.cli(&["node", "drain", &drained.to_string(), "--wait"]);
     assert!(ok, "drain: {out}{err}");
-    let n3 = cell.node_list().into_iter().find(|n| n["id"] == 3).unwrap();
-    assert_eq!(n3["replicas"], 0, "{n3}");
-    assert_eq!(n3["leaders"], 0, "{n3}");
-    assert_eq!(n3["state"], "draining");
+    let n = cell
+        .node_list()
+        .into_iter()
+        .find(|n| n["id"] == drained)
+        .unwrap();
+    assert_eq!(n["replicas"], 0, "{n}");
+    assert_eq!(n["leaders"], 0, "{n}");
+    assert_eq!(n["state"], "draining");
     let acked = writer.stop_and_check(&client).await;
     assert!(acked > 100, "only {acked} appends acknowledged");
 }

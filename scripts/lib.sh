@@ -1,0 +1,49 @@
+# Shared by scripts/test and scripts/soak (sourced, not run).
+
+# An S3 server for the cold-tier tests: moto 5.2.5 on a free loopback
+# port, stopped by PID on exit. The tests get its endpoint from
+# STELE_TEST_S3_ENDPOINT and fail (not skip) without it, because
+# STELE_TEST_REQUIRE_S3=1; a plain `cargo test` skips them with a note.
+start_moto() {
+  local venv=target/moto-venv
+  if [ ! -x "$venv/bin/moto_server" ]; then
+    echo "== installing moto 5.2.5 into $venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet 'moto[s3]==5.2.5' flask flask-cors
+  fi
+  local port
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')
+  mkdir -p target
+  "$venv/bin/moto_server" -H 127.0.0.1 -p "$port" >target/moto.log 2>&1 &
+  MOTO_PID=$!
+  trap 'kill "$MOTO_PID" 2>/dev/null || true; wait "$MOTO_PID" 2>/dev/null || true' EXIT
+  for _ in $(seq 1 100); do
+    curl -sf "http://127.0.0.1:$port/" >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  curl -sf -X PUT "http://127.0.0.1:$port/stele-test" >/dev/null
+  export STELE_TEST_S3_ENDPOINT="http://127.0.0.1:$port"
+  export STELE_TEST_S3_BUCKET=stele-test
+  export STELE_TEST_MOTO_SERVER="$PWD/$venv/bin/moto_server"
+  export STELE_TEST_REQUIRE_S3=1
+  echo "== moto on $STELE_TEST_S3_ENDPOINT (pid $MOTO_PID)"
+}
+
+# The jepsen runs put each node in its own network namespace and makes
+# partitions and packet loss with nftables where it can (root, iproute2,
+# nftables); without them it falls back to loopback and the transport peer
+# filter, and says so.
+# The clock nemesis preloads libfaketime (Debian's faketime package) the
+# same way.
+ensure_fault_tools() {
+  local missing=""
+  command -v nft >/dev/null 2>&1 || missing="$missing nftables"
+  [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 ] || missing="$missing faketime"
+  if [ -z "$missing" ]; then return 0; fi
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "== installing$missing (Debian packages) for jepsen"
+    # shellcheck disable=SC2086
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing >target/fault-tools-install.log 2>&1 \
+      || echo "   (could not install$missing; see target/fault-tools-install.log)"
+  fi
+}
