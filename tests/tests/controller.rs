@@ -290,7 +290,7 @@ async fn operator_commands_under_load_and_bad_input_refused() {
         .find(|n| placed.iter().any(|t| !voter_nodes(t).contains(n)))
         .expect("a node some tablet has no voter on");
     let dead_id = dead.to_string();
-    nodes.remove(&dead).unwrap().kill9();
+    nodes.remove(&(dead as usize)).unwrap().kill9();
     let dead_at = Instant::now();
     while !cell
         .node_list()
