@@ -427,6 +427,12 @@ fn node_options(
         );
         o.unsafe_local_reads = true;
     }
+    if std::env::var("STELE_UNSAFE_LEADER_RESTORE").is_ok_and(|v| v == "1") {
+        tracing::error!(
+            "STELE_UNSAFE_LEADER_RESTORE=1: a restarted tablet leader resumes its term without an election; replicas can diverge after a power cut (jepsen negative control only)"
+        );
+        o.unsafe_leader_restore = true;
+    }
     o
 }
 

@@ -25,6 +25,13 @@ pub struct CellSpec {
     /// The other negative control: nodes acknowledge journal writes
     /// without fdatasync (a power cut then loses them).
     pub unsafe_skip_fsync: bool,
+    /// The third negative control: a restarted tablet leader resumes its
+    /// term without an election (openraft's leader restore).
+    pub unsafe_leader_restore: bool,
+    /// This node's journal holds every group a while before its
+    /// fdatasync (a slow device), so a power cut often finds a leader
+    /// there with a tail its followers synced and it did not.
+    pub slow_fsync_node: Option<usize>,
     /// Run a controller (its own process, never faulted) and let it place
     /// the tablets, instead of a static `--peers` cell.
     pub controlled: bool,
@@ -50,6 +57,10 @@ pub struct S3Server {
     pub addr: std::net::SocketAddr,
     pub bucket: String,
 }
+
+/// The slow node's fail point: 25 ms before each fdatasync, several times
+/// a follower's write, sync and reply on this machine.
+pub const SLOW_FSYNC: &str = "journal-sync-delay-ms=25";
 
 /// Where Debian's `faketime` package puts the multithreaded library.
 pub const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
@@ -370,10 +381,16 @@ impl Cell {
         if self.spec.unsafe_local_reads {
             cmd.env("STELE_UNSAFE_LOCAL_READS", "1");
         }
+        if self.spec.unsafe_leader_restore {
+            cmd.env("STELE_UNSAFE_LEADER_RESTORE", "1");
+        }
         // Every node records its synced journal lengths, for power cuts.
         let mut points = vec!["journal-sync-marks"];
         if self.spec.unsafe_skip_fsync {
             points.push("journal-skip-sync");
+        }
+        if self.spec.slow_fsync_node == Some(n) {
+            points.push(SLOW_FSYNC);
         }
         points.extend(failpoints);
         cmd.env("STELE_FAILPOINTS", points.join(","));

@@ -67,6 +67,11 @@ enum Cmd {
         /// fdatasync (`power-cut` must then find lost writes).
         #[arg(long)]
         unsafe_skip_fsync: bool,
+        /// Negative control: a restarted tablet leader resumes its term
+        /// without an election (`power-cut` must then find diverged
+        /// replicas: lost appends, reads that are not prefixes).
+        #[arg(long)]
+        unsafe_leader_restore: bool,
         /// Four nodes placed by a controller (needed for `churn`).
         #[arg(long)]
         controlled: bool,
@@ -175,6 +180,7 @@ fn main() -> std::process::ExitCode {
                 appends_per_key,
                 unsafe_local_reads,
                 unsafe_skip_fsync,
+                unsafe_leader_restore,
                 controlled,
                 workload,
                 cold,
@@ -207,12 +213,15 @@ fn main() -> std::process::ExitCode {
                         Workload::ListAppend => "",
                     },
                     label,
-                    match (unsafe_local_reads, unsafe_skip_fsync) {
-                        (true, true) => "-unsafe-reads-fsync",
-                        (true, false) => "-unsafe",
-                        (false, true) => "-unsafe-fsync",
-                        (false, false) => "",
-                    }
+                    [
+                        (unsafe_local_reads, "-unsafe"),
+                        (unsafe_skip_fsync, "-unsafe-fsync"),
+                        (unsafe_leader_restore, "-unsafe-restore"),
+                    ]
+                    .iter()
+                    .filter(|(on, _)| *on)
+                    .map(|(_, tag)| *tag)
+                    .collect::<String>()
                 );
                 let opts = RunOptions {
                     bin,
@@ -226,6 +235,7 @@ fn main() -> std::process::ExitCode {
                     appends_per_key,
                     unsafe_local_reads,
                     unsafe_skip_fsync,
+                    unsafe_leader_restore,
                     controlled,
                     netns,
                     workload,
@@ -304,6 +314,9 @@ fn main() -> std::process::ExitCode {
                     // Must be caught: acknowledged writes never synced,
                     // lost in a power cut.
                     ("negative-control-fsync", vec![Nemesis::PowerCut], true, false, 21),
+                    // Must be caught: a leader resuming its term after a
+                    // power cut took a tail its followers hold.
+                    ("negative-control-restore", vec![Nemesis::PowerCut], true, false, 22),
                 ];
                 if !faketime {
                     println!("smoke: no libfaketime here; the clock nemesis is left out");
@@ -338,6 +351,7 @@ fn main() -> std::process::ExitCode {
                         appends_per_key: 60,
                         unsafe_local_reads: unsafe_reads && name == "negative-control",
                         unsafe_skip_fsync: unsafe_reads && name == "negative-control-fsync",
+                        unsafe_leader_restore: unsafe_reads && name == "negative-control-restore",
                         controlled,
                         netns,
                         workload: match name {
@@ -378,11 +392,12 @@ fn main() -> std::process::ExitCode {
                                     s.unexpected.len() + s.refused_but_present.len()
                                 ),
                                 (None, None) => println!(
-                                    "smoke {name}: {} ({} appends acknowledged, {} unknown, {} reads, {} faults, {} anomalies)",
+                                    "smoke {name}: {} ({} appends acknowledged, {} unknown, {} reads, {} replica copies, {} faults, {} anomalies)",
                                     if ok { "pass" } else { "FAIL" },
                                     r.report.appends_acknowledged,
                                     r.report.appends_unknown,
                                     r.report.reads_acknowledged,
+                                    r.report.replica_copies_checked,
                                     r.faults,
                                     r.report.anomalies.len()
                                 ),

@@ -190,6 +190,10 @@ pub struct RunOptions {
     /// Negative control: nodes acknowledge without fdatasync (caught by
     /// `power-cut`).
     pub unsafe_skip_fsync: bool,
+    /// Negative control: a restarted tablet leader resumes its term
+    /// without an election (caught by `power-cut`, whose slow node makes
+    /// a leader lose a tail its followers hold).
+    pub unsafe_leader_restore: bool,
     /// Four nodes placed by a controller instead of a static three-node
     /// cell (needed for `churn`).
     pub controlled: bool,
@@ -212,6 +216,9 @@ pub struct Results {
     pub nemeses: Vec<Nemesis>,
     pub unsafe_local_reads: bool,
     pub unsafe_skip_fsync: bool,
+    pub unsafe_leader_restore: bool,
+    /// The node whose fdatasync was slowed (runs with `power-cut`).
+    pub slow_fsync_node: Option<usize>,
     pub controlled: bool,
     /// How partitions were made.
     pub partition_method: &'static str,
@@ -926,6 +933,68 @@ async fn final_reads(cell: &Cell, keys: &[String]) -> anyhow::Result<BTreeMap<St
     Ok(finals)
 }
 
+/// Every node's own copy of every key, once the cell is quiet: a `ScanKey`
+/// sent to the node itself with bounded consistency and no staleness
+/// limit, which a node answers from its local replica, leader or not.
+/// Nodes holding no replica of a key's tablet are skipped, and so is a copy
+/// that cannot be read in three tries (the result counts the copies read).
+async fn replica_copies(cell: &Cell, keys: &[String]) -> Vec<(usize, String, Vec<u64>)> {
+    use stele_proto::pb;
+    let mut copies = Vec::new();
+    for n in 1..=cell.spec.nodes {
+        let Ok(mut client) = pb::data_client::DataClient::connect(cell.endpoint(n)).await else {
+            continue;
+        };
+        'key: for key in keys {
+            let mut values = Vec::new();
+            let mut cursor = Vec::new();
+            let mut failures = 0;
+            loop {
+                let req = pb::ScanKeyRequest {
+                    namespace: NAMESPACE.into(),
+                    key: key.as_bytes().to_vec(),
+                    routing_key: None,
+                    ts_from: 0,
+                    ts_to: 0,
+                    limit: 1_000,
+                    cursor: cursor.clone(),
+                    read: Some(pb::ReadOptions {
+                        consistency: pb::Consistency::Bounded as i32,
+                        max_staleness_ms: u64::MAX,
+                        partial: false,
+                    }),
+                };
+                match client.scan_key(req).await {
+                    Ok(page) => {
+                        let page = page.into_inner();
+                        values.extend(page.rows.iter().filter_map(|r| {
+                            std::str::from_utf8(&r.value).ok()?.parse::<u64>().ok()
+                        }));
+                        if page.next_cursor.is_empty() {
+                            copies.push((n, key.clone(), values));
+                            continue 'key;
+                        }
+                        cursor = page.next_cursor;
+                    }
+                    Err(status) => match stele_proto::Error::from_status(&status) {
+                        stele_proto::Error::Incomplete { .. }
+                        | stele_proto::Error::StaleRoute { .. }
+                        | stele_proto::Error::TabletNotFound { .. } => continue 'key,
+                        _ => {
+                            failures += 1;
+                            if failures == 3 {
+                                continue 'key;
+                            }
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                    },
+                }
+            }
+        }
+    }
+    copies
+}
+
 /// `.seg` files under `dir`.
 fn count_segments(dir: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -969,6 +1038,10 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         election_timeout_ms: 1000,
         unsafe_local_reads: opts.unsafe_local_reads,
         unsafe_skip_fsync: opts.unsafe_skip_fsync,
+        unsafe_leader_restore: opts.unsafe_leader_restore,
+        // Under power cuts one node's disk is slow: a cut then often finds
+        // a leader there whose last groups its followers synced first.
+        slow_fsync_node: opts.nemeses.contains(&Nemesis::PowerCut).then_some(1),
         controlled: opts.controlled,
         netns: opts.netns,
         cold: opts.cold || opts.workload == Workload::Set,
@@ -1070,22 +1143,33 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         Workload::Set => (BTreeMap::new(), Some(final_set_read(&cell).await?)),
         Workload::Register => (BTreeMap::new(), None),
     };
+    let copies = match opts.workload {
+        Workload::ListAppend => {
+            std::fs::write(dir.join("finals.json"), serde_json::to_vec(&finals)?)?;
+            replica_copies(&cell, &keys.used()).await
+        }
+        _ => Vec::new(),
+    };
     cell.stop();
     let ops = pair(&events).map_err(|e| anyhow::anyhow!("history does not pair: {e:?}"))?;
     let register_report = (opts.workload == Workload::Register)
         .then(|| crate::checker::register::check(&ops, Duration::from_secs(60)));
     let (report, set_report) = match &set_final {
         None if register_report.is_some() => (Report::default(), None),
-        None => (
-            list_append::check(
+        None => {
+            let mut report = list_append::check(
                 &ops,
                 &finals,
                 list_append::Options {
                     linearizable_reads: true,
                 },
-            ),
-            None,
-        ),
+            );
+            report.replica_copies_checked = copies.len();
+            report
+                .anomalies
+                .extend(list_append::diverged(&finals, &copies));
+            (report, None)
+        }
         Some(values) => (
             Report::default(),
             Some(crate::checker::set::check(&ops, values)),
@@ -1097,6 +1181,8 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         nemeses: opts.nemeses.clone(),
         unsafe_local_reads: opts.unsafe_local_reads,
         unsafe_skip_fsync: opts.unsafe_skip_fsync,
+        unsafe_leader_restore: opts.unsafe_leader_restore,
+        slow_fsync_node: cell.spec.slow_fsync_node,
         controlled: opts.controlled,
         partition_method: cell.partition_method(),
         workload: opts.workload,

@@ -73,6 +73,11 @@ pub struct NodeOptions {
     /// read index, no lease). A deposed leader then serves stale reads; the
     /// harness must catch them. Set only by `STELE_UNSAFE_LOCAL_READS=1`.
     pub unsafe_local_reads: bool,
+    /// Unsafe, jepsen's negative control only: a restarted tablet leader
+    /// resumes its term without an election (openraft's leader restore;
+    /// `raft::tablet_config` says why that is unsafe). Set only by
+    /// `STELE_UNSAFE_LEADER_RESTORE=1`.
+    pub unsafe_leader_restore: bool,
     /// The cold tier (object storage), if configured: uploads, eviction and
     /// cold reads (`node::tier`).
     pub tier: Option<Arc<crate::tier::Tier>>,
@@ -104,6 +109,7 @@ impl NodeOptions {
             peer_filter: Default::default(),
             controlled: false,
             unsafe_local_reads: false,
+            unsafe_leader_restore: false,
             tier: None,
             directory: None,
         }
@@ -143,7 +149,7 @@ impl NodeOptions {
                 self.batch_bytes_max, self.journal.frame_payload_bytes_max
             )));
         }
-        crate::raft::tablet_config(&self.raft)?;
+        crate::raft::tablet_config(&self.raft, self.unsafe_leader_restore)?;
         Ok(())
     }
 }
@@ -327,7 +333,7 @@ impl Node {
         let source: Option<Arc<dyn SegmentSource>> =
             peers.clone().map(|p| Arc::new(p) as Arc<dyn SegmentSource>);
         let router = peers.map(Router::new);
-        let config = tablet_config(&options.raft)?;
+        let config = tablet_config(&options.raft, options.unsafe_leader_restore)?;
         let raft_factory: RaftFactory = match router {
             Some(router) => {
                 let config = config.clone();

@@ -16,6 +16,11 @@
 //!
 //! An append whose outcome is unknown (`Info`) may or may not be present,
 //! and, if present, may have taken effect at any time after its invocation.
+//!
+//! Apart from the history, every replica's own copy of each key, read at
+//! its node once the cell is quiet ([`diverged`]), must be a prefix of the
+//! final list: a replica that is behind is fine, one that holds other rows
+//! at the same positions has diverged, whichever leader reads went to.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -64,6 +69,13 @@ pub enum Anomaly {
         process: u64,
         value: u64,
     },
+    /// A replica's own copy of the key, read at its node after the run,
+    /// is not a prefix of the final list: the replicas diverged.
+    Diverged {
+        key: String,
+        node: usize,
+        read: Vec<u64>,
+    },
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -73,6 +85,8 @@ pub struct Report {
     pub appends_unknown: usize,
     pub appends_failed: usize,
     pub reads_acknowledged: usize,
+    /// Replica copies of keys compared with the final lists ([`diverged`]).
+    pub replica_copies_checked: usize,
     pub anomalies: Vec<Anomaly>,
 }
 
@@ -153,6 +167,25 @@ pub fn check(ops: &[Completed], finals: &BTreeMap<String, Vec<u64>>, opts: Optio
         );
     }
     report
+}
+
+/// Each replica copy `(node, key, list)` that is not a prefix of the key's
+/// final list. A copy of a key with no final list counts against the empty
+/// list.
+pub fn diverged(
+    finals: &BTreeMap<String, Vec<u64>>,
+    copies: &[(usize, String, Vec<u64>)],
+) -> Vec<Anomaly> {
+    let empty = Vec::new();
+    copies
+        .iter()
+        .filter(|(_, key, list)| !finals.get(key).unwrap_or(&empty).starts_with(list))
+        .map(|(node, key, list)| Anomaly::Diverged {
+            key: key.clone(),
+            node: *node,
+            read: list.clone(),
+        })
+        .collect()
 }
 
 fn check_key(
@@ -340,6 +373,7 @@ mod tests {
                 Anomaly::Order { .. } => "order",
                 Anomaly::FutureRead { .. } => "future-read",
                 Anomaly::StaleRead { .. } => "stale-read",
+                Anomaly::Diverged { .. } => "diverged",
             })
             .collect()
     }
@@ -446,6 +480,42 @@ mod tests {
         // An invocation never completed counts as unknown.
         let ops = pair(&[e(Kind::Invoke, 1)]).unwrap();
         assert_eq!(ops[0].outcome, Kind::Info);
+    }
+
+    #[test]
+    fn a_replica_behind_is_fine_and_one_with_other_rows_diverged() {
+        let finals = BTreeMap::from([("k".to_string(), vec![1, 2, 3])]);
+        let copy = |node, list: &[u64]| (node, "k".to_string(), list.to_vec());
+        let found = diverged(
+            &finals,
+            &[
+                copy(1, &[1, 2, 3]),
+                copy(2, &[1, 2]),
+                copy(3, &[]),
+                // Another row at position 2, as a replica keeps after a
+                // leader resumed its term over a lost tail.
+                copy(2, &[1, 4]),
+                copy(3, &[1, 2, 3, 5]),
+            ],
+        );
+        assert_eq!(
+            found,
+            [
+                Anomaly::Diverged {
+                    key: "k".into(),
+                    node: 2,
+                    read: vec![1, 4]
+                },
+                Anomaly::Diverged {
+                    key: "k".into(),
+                    node: 3,
+                    read: vec![1, 2, 3, 5]
+                },
+            ]
+        );
+        // A key the final reads never saw: only an empty copy is a prefix.
+        assert_eq!(diverged(&finals, &[(1, "j".into(), vec![])]), []);
+        assert_eq!(diverged(&finals, &[(1, "j".into(), vec![9])]).len(), 1);
     }
 
     #[test]

@@ -189,6 +189,10 @@ impl Committer {
             // The negative control: acknowledged, never synced.
             return Ok(());
         }
+        if let Some(delay) = self.shared.opts.faults.sync_delay() {
+            // A slow device: the group is written, not yet durable.
+            std::thread::sleep(delay);
+        }
         self.file.sync_data()
     }
 

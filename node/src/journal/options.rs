@@ -88,7 +88,10 @@ impl Options {
 /// holding just its data directory (free = N - the directory's size), for
 /// its disk reserve and the cold tier's watermarks. `journal-skip-sync`
 /// acknowledges groups without fdatasync (the harness's negative control:
-/// it must lose acknowledged writes in a power cut); `journal-sync-marks`
+/// it must lose acknowledged writes in a power cut); `journal-sync-delay-ms=N`
+/// holds every group N ms before its fdatasync, like a slow device (the
+/// harness gives one node this under power cuts, so a cut often finds a
+/// leader's tail unsynced while its followers synced theirs); `journal-sync-marks`
 /// records synced lengths for the harness's power cut (`SYNCED` in the
 /// journal directory, FORMAT.md). Several points are separated by commas.
 #[derive(Debug)]
@@ -105,6 +108,8 @@ pub struct Faults {
     pub disk_bytes: AtomicU64,
     /// Groups are acknowledged without fdatasync (unsafe; jepsen only).
     pub skip_sync: AtomicBool,
+    /// Each fdatasync waits this many ms first (0: none).
+    pub sync_delay_ms: AtomicU64,
     /// Synced lengths are recorded for a simulated power cut.
     pub sync_marks: AtomicBool,
 }
@@ -120,6 +125,7 @@ impl Faults {
             free_bytes_override: AtomicU64::new(Self::FREE_BYTES_REAL),
             disk_bytes: AtomicU64::new(0),
             skip_sync: AtomicBool::new(false),
+            sync_delay_ms: AtomicU64::new(0),
             sync_marks: AtomicBool::new(false),
         }
     }
@@ -145,6 +151,7 @@ impl Faults {
                 "journal-write-eio" => faults.fail_write_in.store(nth, Ordering::SeqCst),
                 "disk-bytes" => faults.disk_bytes.store(nth, Ordering::SeqCst),
                 "journal-skip-sync" => faults.skip_sync.store(true, Ordering::SeqCst),
+                "journal-sync-delay-ms" => faults.sync_delay_ms.store(nth, Ordering::SeqCst),
                 "journal-sync-marks" => faults.sync_marks.store(true, Ordering::SeqCst),
                 _ => {}
             }
@@ -178,6 +185,14 @@ impl Faults {
         match self.disk_bytes.load(Ordering::SeqCst) {
             0 => None,
             n => Some(n),
+        }
+    }
+
+    /// How long each fdatasync waits first (`journal-sync-delay-ms`).
+    pub fn sync_delay(&self) -> Option<std::time::Duration> {
+        match self.sync_delay_ms.load(Ordering::SeqCst) {
+            0 => None,
+            ms => Some(std::time::Duration::from_millis(ms)),
         }
     }
 
@@ -245,5 +260,12 @@ mod tests {
         assert!(faults.sync_fires());
         assert!(!faults.sync_fires());
         assert!(!faults.write_fires());
+        assert_eq!(faults.sync_delay(), None);
+        let slow = Faults::parse("journal-sync-marks,journal-sync-delay-ms=25");
+        assert_eq!(
+            slow.sync_delay(),
+            Some(std::time::Duration::from_millis(25))
+        );
+        assert!(slow.sync_marks() && !slow.skip_sync());
     }
 }

@@ -82,7 +82,14 @@ impl RaftTiming {
 /// after it publishes a seal and then purges the log up to its checkpoint
 /// (`tablet::seal`). `max_in_snapshot_log_to_keep` is therefore irrelevant
 /// and set to keep everything, so openraft never purges past a checkpoint.
-pub fn tablet_config(timing: &RaftTiming) -> Result<Arc<openraft::Config>> {
+///
+/// `unsafe_leader_restore` turns openraft's leader restore back on: the
+/// jepsen negative control (`STELE_UNSAFE_LEADER_RESTORE=1`) that must be
+/// caught after power cuts. Never set it otherwise.
+pub fn tablet_config(
+    timing: &RaftTiming,
+    unsafe_leader_restore: bool,
+) -> Result<Arc<openraft::Config>> {
     let t = timing.election_timeout_ms;
     if timing.heartbeat_ms == 0 || timing.heartbeat_ms.saturating_mul(3) > t {
         return Err(Error::Config(format!(
@@ -104,7 +111,7 @@ pub fn tablet_config(timing: &RaftTiming) -> Result<Arc<openraft::Config>> {
         // same entries), and the committed index it recovers is advisory
         // and may be behind (its reads would miss acknowledged writes).
         // Jepsen found both after power cuts; `replication_test` covers it.
-        enable_leader_restore: Some(false),
+        enable_leader_restore: Some(unsafe_leader_restore),
         enable_tick: false,
         snapshot_policy: openraft::SnapshotPolicy::Never,
         max_in_snapshot_log_to_keep: u64::MAX,
@@ -170,7 +177,7 @@ mod tests {
 
     #[test]
     fn default_timing_validates() {
-        tablet_config(&RaftTiming::default()).unwrap();
+        tablet_config(&RaftTiming::default(), false).unwrap();
     }
 
     #[test]
@@ -180,8 +187,8 @@ mod tests {
                 heartbeat_ms,
                 election_timeout_ms,
             };
-            assert!(tablet_config(&t).is_err(), "{t:?} accepted");
+            assert!(tablet_config(&t, false).is_err(), "{t:?} accepted");
         }
-        tablet_config(&RaftTiming::for_election_timeout(1500)).unwrap();
+        tablet_config(&RaftTiming::for_election_timeout(1500), false).unwrap();
     }
 }
