@@ -28,10 +28,11 @@ pub struct CellSpec {
     /// The third negative control: a restarted tablet leader resumes its
     /// term without an election (openraft's leader restore).
     pub unsafe_leader_restore: bool,
-    /// This node's journal holds every group a while before its
-    /// fdatasync (a slow device), so a power cut often finds a leader
-    /// there with a tail its followers synced and it did not.
-    pub slow_fsync_node: Option<usize>,
+    /// Disks of graded speed: node `n`'s journal holds every group
+    /// `(nodes - n) * SYNC_DELAY_STEP_MS` before its fdatasync, so on most
+    /// leaders a follower syncs first, and a power cut often finds a
+    /// leader whose tail a follower synced and it did not.
+    pub graded_fsync: bool,
     /// Run a controller (its own process, never faulted) and let it place
     /// the tablets, instead of a static `--peers` cell.
     pub controlled: bool,
@@ -58,9 +59,9 @@ pub struct S3Server {
     pub bucket: String,
 }
 
-/// The slow node's fail point: 25 ms before each fdatasync, several times
-/// a follower's write, sync and reply on this machine.
-pub const SLOW_FSYNC: &str = "journal-sync-delay-ms=25";
+/// The step between node disks' fsync delays under `graded_fsync`:
+/// several times a follower's write, sync and reply on this machine.
+pub const SYNC_DELAY_STEP_MS: u64 = 20;
 
 /// Where Debian's `faketime` package puts the multithreaded library.
 pub const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
@@ -298,6 +299,15 @@ impl Cell {
         Ok(serde_json::from_slice(&out.stdout)?)
     }
 
+    /// Node `n`'s fsync delay (`graded_fsync`), in ms.
+    pub fn sync_delay_ms(&self, n: usize) -> u64 {
+        if self.spec.graded_fsync {
+            (self.spec.nodes - n) as u64 * SYNC_DELAY_STEP_MS
+        } else {
+            0
+        }
+    }
+
     pub fn endpoint(&self, n: usize) -> String {
         format!("http://{}", self.client_addr(n))
     }
@@ -389,8 +399,10 @@ impl Cell {
         if self.spec.unsafe_skip_fsync {
             points.push("journal-skip-sync");
         }
-        if self.spec.slow_fsync_node == Some(n) {
-            points.push(SLOW_FSYNC);
+        let delay = self.sync_delay_ms(n);
+        let delay_point = format!("journal-sync-delay-ms={delay}");
+        if delay > 0 {
+            points.push(&delay_point);
         }
         points.extend(failpoints);
         cmd.env("STELE_FAILPOINTS", points.join(","));

@@ -217,8 +217,9 @@ pub struct Results {
     pub unsafe_local_reads: bool,
     pub unsafe_skip_fsync: bool,
     pub unsafe_leader_restore: bool,
-    /// The node whose fdatasync was slowed (runs with `power-cut`).
-    pub slow_fsync_node: Option<usize>,
+    /// Each node's fsync delay in ms, node 1 first (runs with
+    /// `power-cut` grade their disks; empty otherwise).
+    pub sync_delay_ms: Vec<u64>,
     pub controlled: bool,
     /// How partitions were made.
     pub partition_method: &'static str,
@@ -258,6 +259,17 @@ struct Recorder {
 impl Recorder {
     fn now(&self) -> u64 {
         self.started.elapsed().as_nanos() as u64
+    }
+
+    /// Appends acknowledged at or after `since_ns` (newest events first).
+    fn appends_acked_since(&self, since_ns: u64) -> usize {
+        let events = self.events.lock().expect("lock");
+        events
+            .iter()
+            .rev()
+            .take_while(|e| e.time_ns >= since_ns)
+            .filter(|e| e.kind == Kind::Ok && matches!(e.op, Op::Append { .. }))
+            .count()
     }
 
     fn record(&self, process: u64, kind: Kind, op: Op, node: u64) {
@@ -709,6 +721,14 @@ async fn nemesis(
                 (action.to_string(), Vec::new())
             }
             Nemesis::PowerCut => {
+                // Cut a cell that is writing again since the last fault:
+                // a cut of an idle cell loses no unsynced tail, and the
+                // slow node's leaders only lag while they write.
+                let since = log.last().map_or(0, |e| e.time_ns);
+                let writing_by = Instant::now() + Duration::from_millis(5 * t);
+                while rec.appends_acked_since(since) < 10 && Instant::now() < writing_by {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
                 let cut = tokio::task::block_in_place(|| cell.power_cut())?;
                 (
                     format!("power-cut ({cut} unsynced journal bytes lost)"),
@@ -1039,9 +1059,9 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         unsafe_local_reads: opts.unsafe_local_reads,
         unsafe_skip_fsync: opts.unsafe_skip_fsync,
         unsafe_leader_restore: opts.unsafe_leader_restore,
-        // Under power cuts one node's disk is slow: a cut then often finds
-        // a leader there whose last groups its followers synced first.
-        slow_fsync_node: opts.nemeses.contains(&Nemesis::PowerCut).then_some(1),
+        // Under power cuts the disks differ in speed: a cut then often
+        // finds a leader whose last groups a follower synced first.
+        graded_fsync: opts.nemeses.contains(&Nemesis::PowerCut),
         controlled: opts.controlled,
         netns: opts.netns,
         cold: opts.cold || opts.workload == Workload::Set,
@@ -1182,7 +1202,13 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         unsafe_local_reads: opts.unsafe_local_reads,
         unsafe_skip_fsync: opts.unsafe_skip_fsync,
         unsafe_leader_restore: opts.unsafe_leader_restore,
-        slow_fsync_node: cell.spec.slow_fsync_node,
+        sync_delay_ms: if cell.spec.graded_fsync {
+            (1..=cell.spec.nodes)
+                .map(|n| cell.sync_delay_ms(n))
+                .collect()
+        } else {
+            Vec::new()
+        },
         controlled: opts.controlled,
         partition_method: cell.partition_method(),
         workload: opts.workload,
