@@ -4,6 +4,8 @@
 //! acknowledges, every replica seals the same segment bytes, and a cut-off
 //! leader is replaced.
 
+mod common;
+
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
@@ -89,19 +91,8 @@ async fn open_in_order(
 ) -> Vec<Arc<Node>> {
     let mut nodes = Vec::new();
     for id in order {
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        let n = loop {
-            match Node::open_with_peers(opts(id), Some(peers.for_node(id))).await {
-                Ok(n) => break n,
-                Err(e)
-                    if e.to_string().contains("Cannot acquire lock")
-                        && std::time::Instant::now() < deadline =>
-                {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(e) => panic!("open node {id}: {e}"),
-            }
-        };
+        let n = common::open_retrying(|| Node::open_with_peers(opts(id), Some(peers.for_node(id))))
+            .await;
         peers.nodes.write().unwrap().insert(id, Arc::downgrade(&n));
         nodes.push(n);
     }
