@@ -9,8 +9,10 @@
 //! results say so.
 
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -104,8 +106,155 @@ fn free_base(n: u16, seed: u64) -> u16 {
     panic!("no free loopback ports");
 }
 
+/// How long one `stele` CLI call of the runner (an operator command such as
+/// `tablet move --wait`, `cert`, an attempt at `cell init`) may take before
+/// the child is killed and the call ends in [`TimedOut`].
+///
+/// 2.5 times the controller's intent timeout (120 s, not configurable):
+/// the controller gives up a move, split or merge phase that makes no
+/// progress after 120 s, and a merge has two such phases (co-locate, then
+/// freeze), so every failure the controller itself reaches comes back
+/// before this deadline, as a definite refusal. What is left is a call that
+/// can never return (a `tablet move --wait` whose group already took its
+/// new voter and lost its quorum: the controller never rolls that back),
+/// which without a deadline hung a one-hour soak. A healthy call takes a
+/// few election timeouts (1 s in the runs): seconds.
+pub const OPERATOR_DEADLINE: Duration = Duration::from_secs(300);
+
+/// How long the output pipes of a child that exited at (or just before) its
+/// deadline may take to reach end-of-file.
+const PIPE_GRACE: Duration = Duration::from_secs(1);
+
+/// A CLI call that did not finish within its deadline: the child was
+/// killed and reaped. Whatever it asked for may or may not have happened
+/// (a `--wait` that ran out, not a refusal).
+#[derive(Debug, thiserror::Error)]
+#[error("{program} {args:?} timed out after {after:?}")]
+pub struct TimedOut {
+    pub program: String,
+    pub args: Vec<String>,
+    pub after: Duration,
+}
+
+impl TimedOut {
+    fn of(cmd: &Command, after: Duration) -> TimedOut {
+        TimedOut {
+            program: program_name(cmd),
+            args: cmd
+                .get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect(),
+            after,
+        }
+    }
+}
+
+/// The file name of `cmd`'s program (`stele`, not its whole path).
+fn program_name(cmd: &Command) -> String {
+    let program = Path::new(cmd.get_program());
+    program
+        .file_name()
+        .unwrap_or(program.as_os_str())
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Runs `cmd` to completion as [`Command::output`] does, but for at most
+/// `deadline`: past it the child is killed (by its own pid) and reaped, and
+/// the call fails with [`TimedOut`]. Stdin is null; stdout and stderr are
+/// read on their own threads while the child runs, so it never blocks on a
+/// full pipe.
+pub fn output_within(cmd: &mut Command, deadline: Duration) -> anyhow::Result<Output> {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("run {}", program_name(cmd)))?;
+    wait_output_within(child, deadline).map_err(|e| match e {
+        Wait::TimedOut(after) => TimedOut::of(cmd, after).into(),
+        Wait::Failed(e) => e.context(format!("run {}", program_name(cmd))),
+    })
+}
+
+/// Why [`wait_output_within`] returned no output.
+#[derive(Debug)]
+enum Wait {
+    /// The deadline passed (the child killed and reaped, or its pipes
+    /// still open after it exited).
+    TimedOut(Duration),
+    Failed(anyhow::Error),
+}
+
+/// The output of `child` (spawned with piped stdout and stderr) once it
+/// exits, or [`Wait::TimedOut`] after `deadline`, with the child killed and
+/// reaped. Separate from [`output_within`] so a test knows the pid.
+fn wait_output_within(mut child: Child, deadline: Duration) -> Result<Output, Wait> {
+    let started = Instant::now();
+    let (tx, rx) = mpsc::channel();
+    if let Some(out) = child.stdout.take() {
+        drain(out, 0, tx.clone());
+    }
+    if let Some(err) = child.stderr.take() {
+        drain(err, 1, tx);
+    } else {
+        drop(tx);
+    }
+    let mut pause = Duration::from_millis(1);
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if started.elapsed() >= deadline => {
+                // Only this child, by its own pid; a reader thread ends
+                // when the pipe closes.
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(Wait::TimedOut(deadline));
+            }
+            Ok(None) => {
+                std::thread::sleep(pause.min(deadline.saturating_sub(started.elapsed())));
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(Wait::Failed(anyhow::Error::new(e).context("wait")));
+            }
+        }
+    };
+    // The pipes end with the child, unless something it started holds them.
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let until = started + deadline.max(started.elapsed() + PIPE_GRACE);
+    for _ in 0..2 {
+        match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+            Ok((0, read)) => stdout = read.map_err(|e| Wait::Failed(e.into()))?,
+            Ok((_, read)) => stderr = read.map_err(|e| Wait::Failed(e.into()))?,
+            Err(mpsc::RecvTimeoutError::Timeout) => return Err(Wait::TimedOut(deadline)),
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    Ok(Output {
+        status,
+        stdout,
+        stderr,
+    })
+}
+
+/// Reads `pipe` to its end on a thread of its own; sends `(which, bytes)`.
+fn drain<R: Read + Send + 'static>(
+    mut pipe: R,
+    which: usize,
+    tx: mpsc::Sender<(usize, std::io::Result<Vec<u8>>)>,
+) {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let read = pipe.read_to_end(&mut buf).map(|_| buf);
+        let _ = tx.send((which, read));
+    });
+}
+
 fn run(bin: &Path, args: &[&str]) -> anyhow::Result<()> {
-    let out = Command::new(bin).args(args).output().context("run stele")?;
+    let out = output_within(Command::new(bin).args(args), OPERATOR_DEADLINE)?;
     anyhow::ensure!(
         out.status.success(),
         "stele {args:?}: {}",
@@ -188,23 +337,29 @@ impl Cell {
             // Wait for the controller, then create the cell.
             let deadline = Instant::now() + Duration::from_secs(30);
             loop {
-                let out = Command::new(&cell.spec.bin)
-                    .args(["cell", "init", "--controllers", &cell.controller_endpoint()])
-                    .args([
-                        "--tablets",
-                        &cell.spec.tablets.to_string(),
-                        "--replication",
-                        "3",
-                    ])
-                    .output()?;
-                if out.status.success() {
-                    break;
-                }
-                anyhow::ensure!(
-                    Instant::now() < deadline,
-                    "cell init: {}",
-                    String::from_utf8_lossy(&out.stderr)
+                // Each attempt bounded by what is left of the wait (init is
+                // idempotent, so an attempt cut off is simply retried).
+                let attempt = deadline
+                    .saturating_duration_since(Instant::now())
+                    .max(Duration::from_secs(5));
+                let out = output_within(
+                    Command::new(&cell.spec.bin)
+                        .args(["cell", "init", "--controllers", &cell.controller_endpoint()])
+                        .args([
+                            "--tablets",
+                            &cell.spec.tablets.to_string(),
+                            "--replication",
+                            "3",
+                        ]),
+                    attempt,
                 );
+                let failed = match out {
+                    Ok(out) if out.status.success() => break,
+                    Ok(out) => String::from_utf8_lossy(&out.stderr).into_owned(),
+                    Err(e) if e.is::<TimedOut>() => e.to_string(),
+                    Err(e) => return Err(e),
+                };
+                anyhow::ensure!(Instant::now() < deadline, "cell init: {failed}");
                 std::thread::sleep(Duration::from_millis(200));
             }
         }
@@ -286,11 +441,17 @@ impl Cell {
     }
 
     /// Runs an operator command against the controller; its JSON output.
+    /// A command still running after [`OPERATOR_DEADLINE`] is killed and
+    /// fails with [`TimedOut`] (its outcome unknown).
     pub fn operator(&self, args: &[&str]) -> anyhow::Result<serde_json::Value> {
-        let out = Command::new(&self.spec.bin)
-            .args(args)
-            .args(["--controllers", &self.controller_endpoint(), "--json"])
-            .output()?;
+        let out = output_within(
+            Command::new(&self.spec.bin).args(args).args([
+                "--controllers",
+                &self.controller_endpoint(),
+                "--json",
+            ]),
+            OPERATOR_DEADLINE,
+        )?;
         anyhow::ensure!(
             out.status.success(),
             "stele {args:?}: {}",
@@ -696,5 +857,97 @@ impl Cell {
 impl Drop for Cell {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn piped(cmd: &mut Command) -> Child {
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn")
+    }
+
+    #[test]
+    fn a_child_past_its_deadline_is_killed_and_reaped() {
+        let child = piped(Command::new("sleep").arg("30"));
+        let pid = child.id();
+        let started = Instant::now();
+        let got = wait_output_within(child, Duration::from_secs(1));
+        let took = started.elapsed();
+        assert!(
+            matches!(got, Err(Wait::TimedOut(d)) if d == Duration::from_secs(1)),
+            "{got:?}"
+        );
+        assert!(took < Duration::from_secs(5), "took {took:?}");
+        // Killed and reaped: not even a zombie is left.
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "child {pid} is still there"
+        );
+    }
+
+    #[test]
+    fn a_timeout_is_a_typed_error_naming_the_command() {
+        let started = Instant::now();
+        let e = output_within(
+            Command::new("sleep").args(["30", "5"]),
+            Duration::from_secs(1),
+        )
+        .expect_err("sleep 30 within 1 s");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let t = e.downcast_ref::<TimedOut>().expect("a TimedOut");
+        assert_eq!(t.program, "sleep");
+        assert_eq!(t.args, ["30", "5"]);
+        assert_eq!(e.to_string(), r#"sleep ["30", "5"] timed out after 1s"#);
+    }
+
+    #[test]
+    fn a_fast_child_gives_its_output_and_status() {
+        let out = output_within(
+            Command::new("sh").args(["-c", "echo out; echo err >&2; exit 3"]),
+            Duration::from_secs(20),
+        )
+        .expect("sh");
+        assert_eq!(out.stdout, b"out\n");
+        assert_eq!(out.stderr, b"err\n");
+        assert_eq!(out.status.code(), Some(3));
+    }
+
+    #[test]
+    fn output_larger_than_a_pipe_buffer_is_drained() {
+        // 64 KiB fill a Linux pipe: a child whose pipes were not read while
+        // it runs would block here until killed at the deadline.
+        let started = Instant::now();
+        let out = output_within(
+            Command::new("sh").args([
+                "-c",
+                "head -c 200000 /dev/zero; head -c 300000 /dev/zero >&2",
+            ]),
+            Duration::from_secs(20),
+        )
+        .expect("head");
+        assert!(out.status.success());
+        assert_eq!(out.stdout.len(), 200_000);
+        assert_eq!(out.stderr.len(), 300_000);
+        assert!(out.stdout.iter().chain(&out.stderr).all(|b| *b == 0));
+        assert!(started.elapsed() < Duration::from_secs(10));
+    }
+
+    #[test]
+    fn pipes_held_open_by_a_grandchild_do_not_outlast_the_deadline() {
+        // `sh` exits at once; the `sleep` it leaves behind holds stdout.
+        let started = Instant::now();
+        let e = output_within(
+            Command::new("sh").args(["-c", "sleep 4 & echo started"]),
+            Duration::from_secs(1),
+        )
+        .expect_err("stdout open past the deadline");
+        assert!(e.is::<TimedOut>(), "{e:#}");
+        assert!(started.elapsed() < Duration::from_millis(3_500));
     }
 }

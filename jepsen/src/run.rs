@@ -18,7 +18,7 @@ use serde::Serialize;
 use stele_client::retry::RetryPolicy;
 use stele_client::{Client, ClientOptions, ReadOptions};
 
-use crate::cell::{Cell, CellSpec};
+use crate::cell::{Cell, CellSpec, TimedOut};
 use crate::checker::list_append::{self, Report};
 use crate::history::{Event, Kind, Op, pair};
 
@@ -782,6 +782,18 @@ async fn nemesis(
     Ok(faults)
 }
 
+/// How an operator call that did not succeed is logged: `unknown` when it
+/// was killed at its deadline ([`TimedOut`]: a `--wait` that ran out, whose
+/// intent may still be open and may yet complete), else `refused` (the
+/// command failed: the controller refused or gave up the intent).
+fn failed(e: &anyhow::Error) -> &'static str {
+    if e.is::<TimedOut>() {
+        "unknown"
+    } else {
+        "refused"
+    }
+}
+
 /// The tablets (id, lo, hi) overlapping the namespace's vshards, by lo.
 fn namespace_tablets(cell: &Cell, namespace: &str) -> Result<Vec<(u64, u64, u64)>, String> {
     let (ns_lo, ns_hi) = stele_proto::vshard::namespace_range(namespace);
@@ -829,7 +841,7 @@ fn split(cell: &Cell, namespace: &str, rng: &mut StdRng) -> String {
     let args = ["tablet", "split", &id, "--at", &at, "--wait"];
     match cell.operator(&args) {
         Ok(v) => format!("split: {} -> {}", args.join(" "), v["state"]),
-        Err(e) => format!("split: {} refused: {e}", args.join(" ")),
+        Err(e) => format!("split: {} {}: {e}", args.join(" "), failed(&e)),
     }
 }
 
@@ -848,7 +860,7 @@ fn merge(cell: &Cell, namespace: &str, rng: &mut StdRng) -> String {
     let args = ["tablet", "merge", &a, &b, "--wait"];
     match cell.operator(&args) {
         Ok(v) => format!("merge: {} -> {}", args.join(" "), v["state"]),
-        Err(e) => format!("merge: {} refused: {e}", args.join(" ")),
+        Err(e) => format!("merge: {} {}: {e}", args.join(" "), failed(&e)),
     }
 }
 
@@ -908,7 +920,7 @@ fn churn(cell: &Cell, ns_lo: u32, rng: &mut StdRng) -> String {
     let a: Vec<&str> = args.iter().map(String::as_str).collect();
     match cell.operator(&a) {
         Ok(v) => format!("churn: {} -> {}", args.join(" "), v["state"]),
-        Err(e) => format!("churn: {} refused: {e}", args.join(" ")),
+        Err(e) => format!("churn: {} {}: {e}", args.join(" "), failed(&e)),
     }
 }
 
@@ -1236,4 +1248,28 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         serde_json::to_vec_pretty(&results)?,
     )?;
     Ok(results)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_operator_call_cut_off_at_its_deadline_is_unknown_not_refused() {
+        let timed_out = anyhow::Error::new(TimedOut {
+            program: "stele".into(),
+            args: vec!["tablet".into(), "move".into(), "--wait".into()],
+            after: Duration::from_secs(300),
+        });
+        assert_eq!(failed(&timed_out), "unknown");
+        assert_eq!(
+            failed(&timed_out.context("wrapped")),
+            "unknown",
+            "a TimedOut under context is still one"
+        );
+        assert_eq!(
+            failed(&anyhow::anyhow!("stele [..]: error: intent 29 failed")),
+            "refused"
+        );
+    }
 }

@@ -160,10 +160,12 @@ async fn main() {
         .unwrap()
     };
     let (tier2, refs2) = (tier.clone(), refs.clone());
+    let stubs = tempfile::tempdir().unwrap();
+    let stub_dir = stubs.path().to_owned();
     let cold_readers: Vec<SegmentReader> = tokio::task::spawn_blocking(move || {
         refs2
             .iter()
-            .map(|r| cold::open_reader(&tier2, 1, r).expect("open cold"))
+            .map(|r| cold::open_reader(&tier2, 1, r, &stub_dir).expect("open cold"))
             .collect()
     })
     .await

@@ -49,6 +49,9 @@ pub struct SegmentReader {
     stats: SegmentStats,
     blocks: Vec<BlockMeta>,
     bloom: Bloom,
+    /// End of the header: bytes `[0, header_end)` are the prologue and
+    /// header, `[footer_offset, file_len)` the footer and trailer.
+    header_end: u64,
     footer_offset: u64,
     file_xxh3: u64,
     row_schema: u32,
@@ -555,6 +558,7 @@ impl SegmentReader {
             },
             blocks: footer.blocks,
             bloom,
+            header_end,
             footer_offset,
             file_xxh3: u64_at(&trailer, TRAILER_FILE_XXH3_OFFSET),
             row_schema: header.row_schema,
@@ -569,6 +573,25 @@ impl SegmentReader {
     /// Offset of the footer (for tools and tests).
     pub fn footer_offset(&self) -> u64 {
         self.footer_offset
+    }
+
+    /// The byte ranges `(offset, len)` that opening reads: the prologue
+    /// and header, then the footer and trailer. Holding these locally is
+    /// enough to open the segment again without its blocks.
+    pub fn structure_ranges(&self) -> [(u64, usize); 2] {
+        [
+            (0, self.header_end as usize),
+            (
+                self.footer_offset,
+                (self.file_len - self.footer_offset) as usize,
+            ),
+        ]
+    }
+
+    /// Raw bytes `[offset, offset + len)` of the file, unchecked (the
+    /// caller checks them, or keeps ranges the open already checked).
+    pub fn raw_range(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
+        read_at(&self.file, &self.path, offset, len, "reading a raw range")
     }
 }
 

@@ -739,7 +739,9 @@ pub fn open_segment(
 ) -> Result<Arc<SegmentReader>> {
     let path = segment_dir.join(crate::segment::file_name(&seg.id));
     let reader = match tier {
-        Some(tier) if !path.exists() => crate::tier::cold::open_reader(tier, tablet, seg),
+        Some(tier) if !path.exists() => {
+            crate::tier::cold::open_reader(tier, tablet, seg, segment_dir)
+        }
         _ => SegmentReader::open_with_id(&path, &seg.id),
     };
     Ok(Arc::new(reader.map_err(crate::Error::from)?))

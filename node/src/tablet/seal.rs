@@ -469,6 +469,7 @@ fn commit(
             // compaction (deleting it stopped such a node from starting;
             // ARCHITECTURE, "Compaction").
             let _ = std::fs::remove_file(tablet.segment_dir.join(segment::file_name(&s.id)));
+            crate::tier::stub::remove(&tablet.segment_dir, &s.id);
         }
         tablet.stats.compactions.fetch_add(1, Ordering::Relaxed);
     }
@@ -567,11 +568,17 @@ fn split_child(
     for s in &parent.segments {
         let from = tablet.segment_dir.join(segment::file_name(&s.id));
         let to = dir.join(segment::file_name(&s.id));
-        if from.exists() && !to.exists() {
-            std::fs::hard_link(&from, &to).map_err(|e| {
-                Error::io(format!("link {} to {}", from.display(), to.display()), e)
-            })?;
-            links.push(to);
+        // An evicted segment has no file, but may have a stub: the child
+        // opens it from the stub, without the bucket.
+        let stub_from = crate::tier::stub::path(&tablet.segment_dir, &s.id);
+        let stub_to = crate::tier::stub::path(&dir, &s.id);
+        for (from, to) in [(from, to), (stub_from, stub_to)] {
+            if from.exists() && !to.exists() {
+                std::fs::hard_link(&from, &to).map_err(|e| {
+                    Error::io(format!("link {} to {}", from.display(), to.display()), e)
+                })?;
+                links.push(to);
+            }
         }
         segments.push(SegmentRef {
             origin: s.owner(tablet.id),
@@ -710,7 +717,7 @@ pub(crate) fn publish_front(
     result.map(|_| ())
 }
 
-/// Removes segment files the catalog does not name (a crash between the
+/// Removes segment files and stubs the catalog does not name (a crash between the
 /// segment write and its publish), leftover temp files, and part files of
 /// segment fetches a crash interrupted. The rows are still in the journal
 /// and the seal replays; a snapshot install fetches its segments again.
@@ -721,8 +728,11 @@ pub fn remove_orphans(dir: &Path, published: &[SegmentRef]) -> Result<()> {
     for entry in entries {
         let entry = entry.map_err(|e| Error::io(format!("list {}", dir.display()), e))?;
         let name = entry.file_name().to_string_lossy().to_string();
-        let keep = published.iter().any(|s| name == format!("{}.seg", s.id));
+        let keep = published.iter().any(|s| {
+            name == segment::file_name(&s.id) || name == crate::tier::stub::file_name(&s.id)
+        });
         let leftover = name.ends_with(".seg")
+            || name.ends_with(".stub")
             || name.ends_with(".tmp")
             || name.ends_with(segment::PART_SUFFIX);
         if !keep && leftover {

@@ -255,12 +255,16 @@ impl RangeRead for ColdSource {
     }
 }
 
-/// Opens the cold copy of `seg` of `tablet` (blocking: GETs the prologue,
-/// header, footer and trailer). Call from a blocking context.
+/// Opens the cold copy of `seg` of `tablet`, whose local files live in
+/// `dir`. With a stub there ([`super::stub`]) the open makes no request;
+/// without one it GETs the prologue, header, footer and trailer, then
+/// keeps them as the stub, so the next open (a restart while the bucket
+/// fails) needs no request. Blocking: call from a blocking context.
 pub fn open_reader(
     tier: &Arc<Tier>,
     tablet: u64,
     seg: &SegmentRef,
+    dir: &std::path::Path,
 ) -> crate::segment::Result<SegmentReader> {
     let key = tier.segment_key(seg.owner(tablet), &seg.id);
     let name = format!("{}/{key}", tier.options.url.trim_end_matches('/'));
@@ -270,11 +274,47 @@ pub fn open_reader(
         id: seg.id.clone(),
         len: seg.bytes,
     });
+    match super::stub::read(dir, &seg.id, seg.bytes) {
+        Ok(Some(stub)) => {
+            let stubbed = Arc::new(super::stub::Stubbed {
+                stub,
+                inner: source.clone(),
+            });
+            match SegmentReader::open_remote(&name, &seg.id, stubbed) {
+                Ok(reader) => return Ok(reader),
+                Err(e @ crate::segment::Error::Io { .. }) => return Err(e),
+                Err(e) => {
+                    tier.stats.stubs_refused.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(segment = %seg.id, error = %e, "segment stub fails its checks; removed, reading the object");
+                    super::stub::remove(dir, &seg.id);
+                }
+            }
+        }
+        Ok(None) => {}
+        Err(e) => {
+            tier.stats.stubs_refused.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(segment = %seg.id, error = %e, "segment stub unusable; removed, reading the object");
+            super::stub::remove(dir, &seg.id);
+        }
+    }
     let reader = SegmentReader::open_remote(&name, &seg.id, source);
     if let Err(crate::segment::Error::Corrupt { .. }) = &reader {
         tier.stats.cold_corrupt.fetch_add(1, Ordering::Relaxed);
     }
-    reader
+    let reader = reader?;
+    keep_stub(dir, &seg.id, &reader);
+    Ok(reader)
+}
+
+/// Writes the stub of an open segment into `dir`; a failure only costs the
+/// next open its GETs, so it is logged, not returned.
+pub fn keep_stub(dir: &std::path::Path, id: &str, reader: &SegmentReader) {
+    let written = super::stub::Stub::of(reader)
+        .map_err(|e| e.to_string())
+        .and_then(|stub| super::stub::write(dir, id, &stub).map_err(|e| e.to_string()));
+    if let Err(e) = written {
+        tracing::warn!(segment = id, dir = %dir.display(), error = %e, "segment stub not written");
+    }
 }
 
 #[cfg(test)]

@@ -25,6 +25,7 @@ pub mod keys;
 pub mod manifest;
 pub mod restore;
 pub mod retention;
+pub mod stub;
 pub mod upload;
 pub mod worker;
 
@@ -174,6 +175,9 @@ pub struct TierStats {
     pub cold_bytes_cached: AtomicU64,
     /// Cold reads that found damaged bytes (reported, never returned).
     pub cold_corrupt: AtomicU64,
+    /// Segment stubs that failed a check and were removed (the object was
+    /// read instead).
+    pub stubs_refused: AtomicU64,
 }
 
 /// The cold tier of a node: the store, its key prefix and cell, the block

@@ -63,6 +63,7 @@ pub(crate) fn drop_segment(tablet: &Tablet, data: &mut TabletData, segment: &str
         tracing::warn!(tablet = tablet.id, error = %e, "catalog update for DropSegment failed");
         return;
     }
+    crate::tier::stub::remove(&tablet.segment_dir, segment);
     let path = tablet.segment_dir.join(crate::segment::file_name(segment));
     match std::fs::remove_file(&path) {
         Ok(()) => {

@@ -224,7 +224,8 @@ fn damaged_cold_bytes_are_refetched_once_then_reported() {
         shared: false,
         keep: None,
     };
-    let reader = super::cold::open_reader(&tier, 1, &seg).unwrap();
+    let stubs = tempfile::tempdir().unwrap();
+    let reader = super::cold::open_reader(&tier, 1, &seg, stubs.path()).unwrap();
     let expected = reader.scan("a/b", b"", 0, u64::MAX).unwrap();
     assert_eq!(expected.len(), 300);
 

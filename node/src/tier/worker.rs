@@ -314,12 +314,12 @@ async fn evict_replica(
     state: &mut State,
 ) -> Result<()> {
     let t = &r.tablet;
-    let local: Vec<(SegmentRef, u64)> = {
+    let local: Vec<(SegmentRef, Arc<crate::segment::SegmentReader>)> = {
         let data = t.read();
         data.segments
             .iter()
             .filter(|(s, reader)| s.cold.is_some() && !reader.is_remote())
-            .map(|(s, reader)| (s.clone(), reader.file_xxh3()))
+            .map(|(s, reader)| (s.clone(), reader.clone()))
             .collect()
     };
     if local.is_empty() {
@@ -327,9 +327,9 @@ async fn evict_replica(
     }
     let now = std::time::SystemTime::now();
     let mut candidates = Vec::new();
-    for (seg, xxh3) in &local {
+    for (seg, local_reader) in &local {
         if !state.confirmed.contains(&seg.id) {
-            match confirm(tier, t.id, seg, *xxh3).await {
+            match confirm(tier, t.id, seg, local_reader.file_xxh3()).await {
                 Ok(()) => {
                     state.confirmed.insert(seg.id.clone());
                 }
@@ -361,15 +361,20 @@ async fn evict_replica(
         evict_aggressive_watermark: tier.options.evict_aggressive_watermark,
     };
     for id in evict::plan(&candidates, total, avail, &policy) {
-        let Some((seg, _)) = local.iter().find(|(s, _)| s.id == id) else {
+        let Some((seg, local_reader)) = local.iter().find(|(s, _)| s.id == id) else {
             continue;
         };
         let (tier2, seg2, tablet) = (tier.clone(), seg.clone(), t.id);
-        let reader =
-            tokio::task::spawn_blocking(move || super::cold::open_reader(&tier2, tablet, &seg2))
-                .await
-                .map_err(|e| Error::Other(e.to_string()))?
-                .map_err(|e| Error::Other(format!("open cold copy of {id}: {e}")))?;
+        let (dir, local_reader) = (t.segment_dir.clone(), local_reader.clone());
+        let reader = tokio::task::spawn_blocking(move || {
+            // The stub first, from the local file: the evicted segment
+            // then opens without the bucket, now and after a restart.
+            super::cold::keep_stub(&dir, &seg2.id, &local_reader);
+            super::cold::open_reader(&tier2, tablet, &seg2, &dir)
+        })
+        .await
+        .map_err(|e| Error::Other(e.to_string()))?
+        .map_err(|e| Error::Other(format!("open cold copy of {id}: {e}")))?;
         let swapped = {
             let mut data = t.write();
             match data.segments.iter_mut().find(|(s, _)| s.id == id) {

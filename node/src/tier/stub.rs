@@ -1,0 +1,244 @@
+//! Stubs: the structure of an evicted segment, kept on local disk so the
+//! segment opens without its object (docs/FORMAT.md, "Segment stub").
+//!
+//! Opening a segment reads its prologue and header, then its trailer and
+//! footer (block index and bloom filter). For a segment whose file went to
+//! the cold tier those reads were GETs, so a node restarted while the
+//! bucket failed could not open its tablets and stayed down. A stub holds
+//! exactly those byte ranges; with it, opening needs no request and only
+//! block reads go to the bucket.
+//!
+//! ```text
+//! <id>.stub = magic "STELSTUB" | version u32 | file_len u64
+//!           | head_len u32 | tail_offset u64 | tail_len u32
+//!           | head bytes | tail bytes | crc32c u32 (of everything before)
+//! ```
+//!
+//! A stub is a cache: the reader checks every byte it takes from it exactly
+//! as it checks the object's (header, footer and trailer crc32c), a stub
+//! that fails any check is removed and the object is read instead.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::segment::{RangeRead, SegmentReader};
+
+const MAGIC: &[u8; 8] = b"STELSTUB";
+const VERSION: u32 = 1;
+/// magic, version, file_len, head_len, tail_offset, tail_len.
+const FIXED: usize = 8 + 4 + 8 + 4 + 8 + 4;
+/// Larger stubs are refused unread (a segment's footer is bounded well
+/// below this; see `segment::format::FOOTER_BYTES_MAX`).
+const STUB_BYTES_MAX: u64 = 256 << 20;
+
+/// File name of a segment's stub: `<id>.stub`.
+pub fn file_name(id: &str) -> String {
+    format!("{id}.stub")
+}
+
+pub fn path(dir: &Path, id: &str) -> PathBuf {
+    dir.join(file_name(id))
+}
+
+/// The structure ranges of one segment of `file_len` bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stub {
+    pub file_len: u64,
+    pub head: Vec<u8>,
+    pub tail_offset: u64,
+    pub tail: Vec<u8>,
+}
+
+impl Stub {
+    /// The stub of an open segment (local or remote: a remote reader's
+    /// structure ranges are in the cold cache right after it opened).
+    pub fn of(reader: &SegmentReader) -> crate::segment::Result<Stub> {
+        let [(h_off, h_len), (t_off, t_len)] = reader.structure_ranges();
+        Ok(Stub {
+            file_len: reader.file_len(),
+            head: reader.raw_range(h_off, h_len)?,
+            tail_offset: t_off,
+            tail: reader.raw_range(t_off, t_len)?,
+        })
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(FIXED + self.head.len() + self.tail.len() + 4);
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.extend_from_slice(&self.file_len.to_le_bytes());
+        out.extend_from_slice(&(self.head.len() as u32).to_le_bytes());
+        out.extend_from_slice(&self.tail_offset.to_le_bytes());
+        out.extend_from_slice(&(self.tail.len() as u32).to_le_bytes());
+        out.extend_from_slice(&self.head);
+        out.extend_from_slice(&self.tail);
+        let crc = crc32c::crc32c(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    /// Decodes a stub of a segment of `file_len` bytes (the catalog's
+    /// length), checking its framing: the reader checks the contents.
+    pub fn decode(bytes: &[u8], file_len: u64) -> Result<Stub, String> {
+        if bytes.len() < FIXED + 4 {
+            return Err(format!("{} bytes is too short", bytes.len()));
+        }
+        if &bytes[..8] != MAGIC {
+            return Err("bad magic".into());
+        }
+        let (body, crc) = bytes.split_at(bytes.len() - 4);
+        if crc32c::crc32c(body) != u32::from_le_bytes(crc.try_into().expect("4 bytes")) {
+            return Err("crc32c mismatch".into());
+        }
+        let u32_at = |at: usize| u32::from_le_bytes(body[at..at + 4].try_into().expect("4"));
+        let u64_at = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().expect("8"));
+        let version = u32_at(8);
+        if version != VERSION {
+            return Err(format!("unknown version {version}"));
+        }
+        let stub_len = u64_at(12);
+        let head_len = u32_at(20) as usize;
+        let tail_offset = u64_at(24);
+        let tail_len = u32_at(32) as usize;
+        if stub_len != file_len {
+            return Err(format!(
+                "stub of a {stub_len}-byte segment, the catalog's is {file_len} bytes"
+            ));
+        }
+        if FIXED + head_len + tail_len != body.len()
+            || head_len as u64 > tail_offset
+            || tail_offset.checked_add(tail_len as u64) != Some(file_len)
+        {
+            return Err(format!(
+                "ranges [0, {head_len}) and [{tail_offset}, +{tail_len}) do not fit a \
+                 {file_len}-byte segment in {} bytes",
+                bytes.len()
+            ));
+        }
+        Ok(Stub {
+            file_len,
+            head: body[FIXED..FIXED + head_len].to_vec(),
+            tail_offset,
+            tail: body[FIXED + head_len..].to_vec(),
+        })
+    }
+
+    /// The bytes `[offset, offset + len)` when the stub holds all of them.
+    fn slice(&self, offset: u64, len: usize) -> Option<&[u8]> {
+        let end = offset.checked_add(len as u64)?;
+        if end <= self.head.len() as u64 {
+            return Some(&self.head[offset as usize..end as usize]);
+        }
+        if offset >= self.tail_offset && end <= self.file_len {
+            let at = (offset - self.tail_offset) as usize;
+            return Some(&self.tail[at..at + len]);
+        }
+        None
+    }
+}
+
+/// Reads `dir/<id>.stub`: `Ok(None)` when there is none, `Err` when it
+/// exists and is unusable.
+pub fn read(dir: &Path, id: &str, file_len: u64) -> Result<Option<Stub>, String> {
+    let path = path(dir, id);
+    let len = match std::fs::metadata(&path) {
+        Ok(m) => m.len(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    if len > STUB_BYTES_MAX {
+        return Err(format!("{}: {len} bytes is too large", path.display()));
+    }
+    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Stub::decode(&bytes, file_len)
+        .map(Some)
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Publishes `dir/<id>.stub` durably (write, fsync, rename, fsync dir).
+pub fn write(dir: &Path, id: &str, stub: &Stub) -> std::io::Result<()> {
+    crate::fsutil::durable_write(&path(dir, id), &stub.encode())
+}
+
+/// Removes a stub if there is one.
+pub fn remove(dir: &Path, id: &str) {
+    match std::fs::remove_file(path(dir, id)) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), segment = id, error = %e, "stub not removed")
+        }
+    }
+}
+
+/// A remote segment whose structure ranges come from its stub and whose
+/// blocks come from `inner` (the object).
+#[derive(Debug)]
+pub struct Stubbed {
+    pub stub: Stub,
+    pub inner: Arc<dyn RangeRead>,
+}
+
+impl RangeRead for Stubbed {
+    fn byte_len(&self) -> u64 {
+        self.inner.byte_len()
+    }
+
+    fn read_at(&self, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+        match self.stub.slice(offset, len) {
+            Some(bytes) => Ok(bytes.to_vec()),
+            None => self.inner.read_at(offset, len),
+        }
+    }
+
+    fn invalidate(&self) {
+        self.inner.invalidate();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stub() -> Stub {
+        Stub {
+            file_len: 100,
+            head: vec![1; 10],
+            tail_offset: 80,
+            tail: vec![2; 20],
+        }
+    }
+
+    #[test]
+    fn a_stub_round_trips_and_serves_only_its_ranges() {
+        let s = stub();
+        assert_eq!(Stub::decode(&s.encode(), 100).unwrap(), s);
+        assert_eq!(s.slice(0, 10), Some(&[1u8; 10][..]));
+        assert_eq!(s.slice(85, 15), Some(&[2u8; 15][..]));
+        assert_eq!(s.slice(5, 10), None, "crosses the head's end");
+        assert_eq!(s.slice(40, 4), None, "a block");
+        assert_eq!(s.slice(90, 20), None, "past the end");
+        assert_eq!(s.slice(u64::MAX, 2), None);
+    }
+
+    #[test]
+    fn a_damaged_or_foreign_stub_is_refused() {
+        let bytes = stub().encode();
+        assert!(Stub::decode(&bytes, 101).unwrap_err().contains("catalog"));
+        assert!(Stub::decode(&bytes[..20], 100).is_err());
+        assert!(Stub::decode(&[], 100).is_err());
+        for at in [0, 9, 14, 22, 30, 40, bytes.len() - 1] {
+            let mut bad = bytes.clone();
+            bad[at] ^= 0x40;
+            assert!(Stub::decode(&bad, 100).is_err(), "flip at {at}");
+        }
+        // Framing that lies about its ranges, with a crc to match.
+        let mut lying = stub();
+        lying.tail_offset = 70;
+        assert!(
+            Stub::decode(&lying.encode(), 100)
+                .unwrap_err()
+                .contains("do not fit")
+        );
+    }
+}
