@@ -226,6 +226,19 @@ impl Running {
         (scan, by_key, g.row, fetched, cached)
     }
 
+    /// The error of one Scan of the whole namespace, or `None` when it
+    /// returned rows.
+    async fn scan_error(&mut self) -> Option<tonic::Status> {
+        self.client
+            .scan(pb::ScanRequest {
+                namespace: self.ns.clone(),
+                limit: 1000,
+                ..Default::default()
+            })
+            .await
+            .err()
+    }
+
     async fn seal_all(&self) {
         for r in self.node.replicas() {
             self.node
@@ -405,14 +418,9 @@ async fn corrupted_cold_object_is_detected_on_read() {
     assert!(damaged >= 1);
     tier.cache.clear();
     let err = n
-        .client
-        .scan(pb::ScanRequest {
-            namespace: NS.into(),
-            limit: 1000,
-            ..Default::default()
-        })
+        .scan_error()
         .await
-        .expect_err("a damaged cold block must not be returned as data");
+        .expect("a damaged cold block must not be returned as data");
     assert!(
         err.message().contains("crc32c") || err.message().contains("corrupt"),
         "{}",
@@ -1273,14 +1281,9 @@ async fn a_node_restarts_while_its_bucket_is_unreachable() {
     assert!(latest.row.is_some());
     // A read that needs an evicted block fails; it returns no partial rows.
     let err = n
-        .client
-        .scan(pb::ScanRequest {
-            namespace: NS.into(),
-            limit: 1000,
-            ..Default::default()
-        })
+        .scan_error()
         .await
-        .expect_err("a scan over evicted blocks without the bucket");
+        .expect("a scan over evicted blocks without the bucket");
     assert!(err.message().contains("i/o"), "{}", err.message());
 
     // The objects are back: every row, the 40 new ones included.
