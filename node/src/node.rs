@@ -823,9 +823,23 @@ impl Node {
             // A segment in the bucket is read from there instead (the
             // install opens it remotely): only the rest crosses the node
             // transport (node::tier).
-            if path.exists()
-                || crate::tier::in_bucket(self.options.tier.as_ref(), r.tablet.id, &seg).await
+            if path.exists() {
+                continue;
+            }
+            if let Some(tier) = &self.options.tier
+                && crate::tier::in_bucket(Some(tier), r.tablet.id, &seg).await
             {
+                // Opened here first, which keeps its stub: the install then
+                // opens it with no request, and a failing bucket fails this
+                // delivery (the leader sends the snapshot again) rather
+                // than the install, which openraft takes as fatal.
+                let (tier, id, dir) = (tier.clone(), r.tablet.id, r.tablet.segment_dir.clone());
+                tokio::task::spawn_blocking(move || {
+                    crate::tier::cold::open_reader(&tier, id, &seg, &dir).map(drop)
+                })
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| format!("open the cold copy of a snapshot's segment: {e}"))?;
                 continue;
             }
             // Streamed to a part file, verified, then renamed into place:
