@@ -684,6 +684,12 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
             .iter()
             .map(|(k, _)| receipts::encode_key(k))
             .collect();
+        let old_segments: Vec<String> = data
+            .segments
+            .iter()
+            .chain(data.adopted.iter())
+            .map(|(s, _)| s.id.clone())
+            .collect();
         *data = TabletData {
             memtable: Memtable::default(),
             frozen: Vec::new(),
@@ -728,6 +734,19 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
                 .catalog
                 .publish(&record, &receipt_rows, &old_receipts)
                 .map_err(io_err)?;
+        }
+        // Segments the replaced state named and the snapshot's does not
+        // (compacted or dropped meanwhile on the leader) are no one's now:
+        // their files go, as the local compaction or drop would have
+        // removed them. Before this, they stayed until the next restart.
+        // A later snapshot that names one again (a merge adopting a segment
+        // the sibling still names) finds no file and fetches it.
+        for id in old_segments {
+            if !data.segments.iter().any(|(s, _)| s.id == id) {
+                let _ =
+                    std::fs::remove_file(tablet.segment_dir.join(crate::segment::file_name(&id)));
+                crate::tier::stub::remove(&tablet.segment_dir, &id);
+            }
         }
         *self.current.lock().expect("lock poisoned") = Some((meta.clone(), bytes));
         tablet
