@@ -771,6 +771,52 @@ async fn replicas_come_and_go_and_ids_are_never_reused() {
     r.stop().await;
 }
 
+/// `wait_ready` waits for every replica the node hosts, but a replica
+/// removed while it waits (as the absorbed side of a merge is, when the
+/// merge publishes during a start) is not a failure; one that stays and
+/// never hears from a leader still is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_ready_skips_a_replica_removed_while_it_waits() {
+    use stele_node::node::ReplicaSpec;
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(dir.path());
+    opts.controlled = true;
+    let r = start(opts).await;
+    let spec = |tablet: u64, replica_id: u64| ReplicaSpec {
+        tablet,
+        replica_id,
+        vshard_lo: 0,
+        vshard_hi: 1 << 32,
+        range_generation: 1,
+    };
+    // Replicas that wait to hear from a leader never become ready.
+    let (a, b) = ((1 << 16) | 1, (2 << 16) | 1);
+    r.node.create_replica(&spec(7, a), None).await.unwrap();
+    let not_ready = r.node.wait_ready(Duration::from_millis(300)).await;
+    assert!(
+        format!("{not_ready:?}").contains("tablet 7 not ready"),
+        "{not_ready:?}"
+    );
+    let node = r.node.clone();
+    let waiting = tokio::spawn(async move { node.wait_ready(Duration::from_secs(30)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished());
+    assert!(r.node.remove_replica(7, a).await.unwrap());
+    let ready = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("wait_ready still waiting for a removed replica")
+        .unwrap();
+    assert!(ready.is_ok(), "{ready:?}");
+    // A replica still hosted that never hears from a leader still fails it.
+    r.node.create_replica(&spec(8, b), None).await.unwrap();
+    let not_ready = r.node.wait_ready(Duration::from_millis(300)).await;
+    assert!(
+        format!("{not_ready:?}").contains("tablet 8 not ready"),
+        "{not_ready:?}"
+    );
+    r.stop().await;
+}
+
 /// A namespace whose vshards lie in `[lo, hi)`.
 fn namespace_in(tag: &str, lo: u32, hi: u64) -> String {
     (0..)
