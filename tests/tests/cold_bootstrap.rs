@@ -4,6 +4,7 @@
 //! replica whose segments are in the bucket transfers at most the unsealed
 //! tail).
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use stele_client::Client;
@@ -41,6 +42,35 @@ async fn append_acked(client: &Client, i: u64, value: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopped_follower_installs_segments_from_the_bucket() {
+    bootstrap(false).await;
+}
+
+/// The bucket is unreachable when the snapshot arrives: the follower opens
+/// the snapshot's cold segments before openraft installs it, so the
+/// delivery fails (and the leader sends it again) instead of the install,
+/// which openraft takes as fatal. Once the bucket is back the same
+/// follower installs and holds every row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_arriving_while_the_bucket_is_unreachable_installs_later() {
+    bootstrap(true).await;
+}
+
+/// Moves every segment object under `bucket` aside (the bucket answers
+/// "not found" for them) and returns where each went.
+fn move_objects_aside(bucket: &Path, aside: &Path) -> Vec<(PathBuf, PathBuf)> {
+    let moved: Vec<(PathBuf, PathBuf)> = stele_tests::walk(bucket)
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .enumerate()
+        .map(|(i, p)| (p, aside.join(i.to_string())))
+        .collect();
+    for (from, to) in &moved {
+        std::fs::rename(from, to).unwrap();
+    }
+    moved
+}
+
+async fn bootstrap(bucket_fails_at_install: bool) {
     let bucket = tempfile::tempdir().unwrap();
     let url = format!("file://{}", bucket.path().display());
     let cell = Cell::new()
@@ -78,7 +108,7 @@ async fn stopped_follower_installs_segments_from_the_bucket() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let in_before = status(&cell.endpoint(follower)).await.peer_bytes_in;
+    let mut in_before = status(&cell.endpoint(follower)).await.peer_bytes_in;
     let stopped = Stopped(procs[&follower].child.id());
     stele_tests::signal(stopped.0, libc::SIGSTOP);
     for i in 20..420u64 {
@@ -111,7 +141,30 @@ async fn stopped_follower_installs_segments_from_the_bucket() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let tail = tablet_of(&cell.endpoint(leader), NS).await.memtable_bytes;
+    let aside = tempfile::tempdir().unwrap();
+    let hidden = if bucket_fails_at_install {
+        move_objects_aside(bucket.path(), aside.path())
+    } else {
+        Vec::new()
+    };
     drop(stopped);
+    if bucket_fails_at_install {
+        assert!(!hidden.is_empty(), "no segment objects in the bucket");
+        // Long enough for several deliveries of the snapshot; each must
+        // fail before the install, and the follower must stay up.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let s = status(&cell.endpoint(follower)).await;
+        assert_eq!(
+            s.snapshots_installed, 0,
+            "a snapshot was installed while its segments were unreadable"
+        );
+        for (from, to) in &hidden {
+            std::fs::rename(to, from).unwrap();
+        }
+        // The failed deliveries each carried the snapshot message; the
+        // bytes compared below are those of the delivery that succeeds.
+        in_before = s.peer_bytes_in;
+    }
     let resumed = Instant::now();
     let s = loop {
         let s = status(&cell.endpoint(follower)).await;
