@@ -241,4 +241,67 @@ mod tests {
                 .contains("do not fit")
         );
     }
+
+    #[test]
+    fn read_finds_none_a_stub_or_refuses_an_oversized_file_unread() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(read(dir.path(), "s1", 100).unwrap(), None);
+        write(dir.path(), "s1", &stub()).unwrap();
+        assert_eq!(read(dir.path(), "s1", 100).unwrap(), Some(stub()));
+        // Sparse: the size alone refuses it, before any byte is read.
+        let big = std::fs::File::create(path(dir.path(), "s2")).unwrap();
+        big.set_len(STUB_BYTES_MAX + 1).unwrap();
+        let err = read(dir.path(), "s2", 100).unwrap_err();
+        assert!(err.contains("too large"), "{err}");
+        remove(dir.path(), "s1");
+        remove(dir.path(), "s1");
+        assert_eq!(read(dir.path(), "s1", 100).unwrap(), None);
+    }
+
+    /// An object that counts the reads that reach it.
+    #[derive(Debug)]
+    struct Object {
+        bytes: Vec<u8>,
+        reads: std::sync::atomic::AtomicUsize,
+    }
+
+    impl RangeRead for Object {
+        fn byte_len(&self) -> u64 {
+            self.bytes.len() as u64
+        }
+
+        fn read_at(&self, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+            self.reads
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let at = offset as usize;
+            Ok(self.bytes[at..at + len].to_vec())
+        }
+    }
+
+    /// A range the stub does not wholly hold (a header longer than the
+    /// stub's head, a block) is read from the object, whole; ranges the
+    /// stub holds never reach it.
+    #[test]
+    fn ranges_beyond_the_stub_are_read_from_the_object() {
+        let object = Arc::new(Object {
+            bytes: (0..100u8).collect(),
+            reads: Default::default(),
+        });
+        let stubbed = Stubbed {
+            stub: stub(),
+            inner: object.clone(),
+        };
+        let reads = || object.reads.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(stubbed.read_at(0, 10).unwrap(), vec![1; 10]);
+        assert_eq!(stubbed.read_at(80, 20).unwrap(), vec![2; 20]);
+        assert_eq!(reads(), 0);
+        assert_eq!(
+            stubbed.read_at(0, 16).unwrap(),
+            (0..16u8).collect::<Vec<_>>()
+        );
+        assert_eq!(stubbed.read_at(40, 4).unwrap(), vec![40, 41, 42, 43]);
+        assert_eq!(stubbed.read_at(78, 4).unwrap(), vec![78, 79, 80, 81]);
+        assert_eq!(reads(), 3);
+        assert_eq!(stubbed.byte_len(), 100);
+    }
 }
