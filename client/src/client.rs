@@ -1,0 +1,269 @@
+//! The handle to a cell: its options, the route cache and how it is
+//! loaded, one tonic channel per endpoint, and the single timed attempt
+//! every call is made of. The calls themselves live in [`crate::append`],
+//! [`crate::read`] and [`crate::scan`], and retry through
+//! [`crate::driver`].
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use stele_proto::limits;
+use stele_proto::pb::data_client::DataClient;
+use stele_proto::pb::{self, Record, StatusResponse, TabletDescriptor};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::retry::RetryPolicy;
+use crate::routes::{Route, RouteTable};
+use crate::{Error, Result, admin, record_vshard};
+
+/// Client settings. Limits default to the protocol defaults of
+/// [`stele_proto::limits`]; a cell configured with other limits needs the
+/// same values here, or the node refuses what the client let through.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    pub retry: RetryPolicy,
+    /// Longest single attempt of any call.
+    pub request_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub value_bytes_max: usize,
+    /// Largest batch, as the sum of key, routing key and value bytes.
+    pub batch_bytes_max: usize,
+    pub batch_records_max: usize,
+    /// Page size used by [`Client::scan_all`] and [`Client::scan_key_all`].
+    pub page_records: u32,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            retry: RetryPolicy::default(),
+            request_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(2),
+            value_bytes_max: limits::VALUE_BYTES_MAX_DEFAULT,
+            batch_bytes_max: limits::BATCH_BYTES_MAX_DEFAULT,
+            batch_records_max: limits::BATCH_RECORDS_MAX_DEFAULT,
+            page_records: 1000,
+        }
+    }
+}
+
+
+/// Largest response the client decodes. Nodes cap read pages at 4 MiB of
+/// keys and values (always at least one row, up to a 1 MiB value), so this
+/// leaves ample room.
+const DECODE_BYTES_MAX: usize = 16 << 20;
+
+/// A cheap-to-clone handle to a cell.
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) seed: String,
+    /// The cell's controllers, when routes come from them.
+    admin: Option<admin::Admin>,
+    /// Route map generation of the last controller refresh.
+    route_generation: std::sync::atomic::AtomicU64,
+    pub(crate) opts: ClientOptions,
+    pub(crate) routes: RwLock<RouteTable>,
+    channels: Mutex<HashMap<String, Channel>>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("seed", &self.inner.seed)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// Connects to a cell through one of its nodes (`http://host:port`) and
+    /// loads the route table from its `ListTablets`.
+    pub async fn connect(endpoint: &str, opts: ClientOptions) -> Result<Client> {
+        let client = Client {
+            inner: Arc::new(Inner {
+                seed: endpoint.to_string(),
+                admin: None,
+                route_generation: Default::default(),
+                opts,
+                routes: RwLock::new(RouteTable::new()),
+                channels: Mutex::new(HashMap::new()),
+            }),
+        };
+        client.refresh_routes().await?;
+        Ok(client)
+    }
+
+    /// Connects to a controller-managed cell: routes come from the
+    /// controllers' route map (`GetRoutes`, deltas by generation), and the
+    /// data path goes straight to tablet leaders; the controllers are asked
+    /// again only when the cache is found stale.
+    pub async fn connect_cell(controllers: &[String], opts: ClientOptions) -> Result<Client> {
+        let admin = admin::Admin::new(controllers.to_vec())?;
+        let client = Client {
+            inner: Arc::new(Inner {
+                seed: String::new(),
+                admin: Some(admin),
+                route_generation: Default::default(),
+                opts,
+                routes: RwLock::new(RouteTable::new()),
+                channels: Mutex::new(HashMap::new()),
+            }),
+        };
+        client.refresh_routes().await?;
+        Ok(client)
+    }
+
+    /// The controllers of the cell, when connected through them.
+    pub fn admin(&self) -> Option<&admin::Admin> {
+        self.inner.admin.as_ref()
+    }
+
+    pub fn options(&self) -> &ClientOptions {
+        &self.inner.opts
+    }
+
+    pub fn seed_endpoint(&self) -> &str {
+        &self.inner.seed
+    }
+
+    /// A snapshot of the route cache.
+    pub fn routes(&self) -> RouteTable {
+        self.inner.routes.read().expect("routes lock").clone()
+    }
+
+    /// The tablet a record routes to by the current cache, if known.
+    pub fn tablet_of(&self, namespace: &str, record: &Record) -> Option<u64> {
+        let v = record_vshard(namespace, record);
+        self.inner
+            .routes
+            .read()
+            .expect("routes lock")
+            .lookup(v)
+            .map(|r| r.tablet)
+    }
+
+    /// Reloads routes: from the controllers' route map (a delta since the
+    /// cached generation, or the whole map when a route lacks its leader),
+    /// else from the seed node's `ListTablets`.
+    pub async fn refresh_routes(&self) -> Result<()> {
+        if let Some(admin) = &self.inner.admin {
+            use std::sync::atomic::Ordering;
+            let complete = {
+                let routes = self.inner.routes.read().expect("routes lock");
+                !routes.is_empty() && routes.routes().all(|r| !r.leader_endpoint.is_empty())
+            };
+            let since = if complete {
+                self.inner.route_generation.load(Ordering::Relaxed)
+            } else {
+                0
+            };
+            let resp = admin
+                .call(|mut c| async move {
+                    c.get_routes(pb::GetRoutesRequest {
+                        since_generation: since,
+                    })
+                    .await
+                })
+                .await?;
+            let mut routes = self.inner.routes.write().expect("routes lock");
+            for id in &resp.removed {
+                routes.remove(*id);
+            }
+            routes.merge(&resp.tablets);
+            self.inner
+                .route_generation
+                .fetch_max(resp.generation, Ordering::Relaxed);
+            return Ok(());
+        }
+        let tablets = self.list_tablets_at(&self.inner.seed).await?;
+        self.inner
+            .routes
+            .write()
+            .expect("routes lock")
+            .merge(&tablets);
+        Ok(())
+    }
+
+    /// The tablets the seed node knows.
+    pub async fn list_tablets(&self) -> Result<Vec<TabletDescriptor>> {
+        self.list_tablets_at(&self.inner.seed).await
+    }
+
+    async fn list_tablets_at(&self, endpoint: &str) -> Result<Vec<TabletDescriptor>> {
+        let mut c = self.data(endpoint)?;
+        let resp = self
+            .timed(endpoint, c.list_tablets(pb::ListTabletsRequest {}))
+            .await?;
+        Ok(resp.tablets)
+    }
+
+    /// Status and counters of the seed node.
+    pub async fn status(&self) -> Result<StatusResponse> {
+        self.status_at(&self.inner.seed).await
+    }
+
+    /// Status and counters of any node.
+    pub async fn status_at(&self, endpoint: &str) -> Result<StatusResponse> {
+        let mut c = self.data(endpoint)?;
+        self.timed(endpoint, c.status(pb::StatusRequest {})).await
+    }
+
+
+    /// The data client of an endpoint, reusing its channel.
+    pub(crate) fn data(&self, endpoint: &str) -> Result<DataClient<Channel>> {
+        if endpoint.is_empty() {
+            // A controller-routed client with no leader known for the
+            // tablet yet (an election): retried after a route refresh.
+            return Err(stele_proto::Error::Unavailable {
+                reason: "no leader known for the tablet yet".into(),
+            }
+            .into());
+        }
+        let mut channels = self.inner.channels.lock().expect("channels lock");
+        if let Some(ch) = channels.get(endpoint) {
+            return Ok(DataClient::new(ch.clone()).max_decoding_message_size(DECODE_BYTES_MAX));
+        }
+        let ch = Endpoint::from_shared(endpoint.to_string())
+            .map_err(|e| Error::InvalidEndpoint {
+                endpoint: endpoint.to_string(),
+                reason: e.to_string(),
+            })?
+            .connect_timeout(self.inner.opts.connect_timeout)
+            .tcp_nodelay(true)
+            .connect_lazy();
+        channels.insert(endpoint.to_string(), ch.clone());
+        Ok(DataClient::new(ch).max_decoding_message_size(DECODE_BYTES_MAX))
+    }
+
+    /// Awaits one call within the request timeout.
+    pub(crate) async fn timed<T>(
+        &self,
+        endpoint: &str,
+        call: impl Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T> {
+        let timeout = self.inner.opts.request_timeout;
+        match tokio::time::timeout(timeout, call).await {
+            Ok(Ok(resp)) => Ok(resp.into_inner()),
+            Ok(Err(status)) => Err(status.into()),
+            Err(_) => Err(Error::RequestTimeout {
+                endpoint: endpoint.to_string(),
+                elapsed: timeout,
+            }),
+        }
+    }
+
+    /// Where to send a tablet's requests: its leader, else the seed node
+    /// (which answers or redirects).
+    pub(crate) fn endpoint_of<'a>(&'a self, route: &'a Route) -> &'a str {
+        if route.leader_endpoint.is_empty() {
+            &self.inner.seed
+        } else {
+            &route.leader_endpoint
+        }
+    }
+}
