@@ -21,7 +21,6 @@ pub struct AppendOutcome {
     pub duplicate: bool,
 }
 
-
 pub(crate) fn new_batch_id() -> [u8; limits::BATCH_ID_BYTES] {
     rand::random()
 }
@@ -68,7 +67,14 @@ impl Client {
                         vshard: record_vshard(namespace, &records[idx]),
                     })
                     .collect();
-                sends.push(self.send_batch(namespace, &records, items, new_batch_id(), None, false));
+                sends.push(self.send_batch(
+                    namespace,
+                    &records,
+                    items,
+                    new_batch_id(),
+                    None,
+                    false,
+                ));
             }
         }
         let mut positions: Vec<Option<Position>> = vec![None; records.len()];
@@ -186,7 +192,6 @@ impl Client {
         unreachable!("the loop returns on its second pass")
     }
 
-
     /// Sends one batch (one batch id) until it is placed or the policy gives
     /// up. If a split leaves the items on several tablets, a non-atomic batch
     /// is re-sent per tablet with the same batch id: the node's receipts
@@ -300,7 +305,6 @@ fn plan(routes: &RouteTable, items: &[Item]) -> Result<Vec<(Route, Vec<Item>)>, 
     Ok(parts)
 }
 
-
 #[cfg(test)]
 mod tests {
     use stele_proto::pb::TabletDescriptor;
@@ -370,7 +374,12 @@ mod tests {
         let cases = [
             ("one tablet", vec![1, 2], false, "tablet 1"),
             ("one tablet, atomic", vec![101, 199], true, "tablet 2"),
-            ("no route: the policy decides", vec![1, 500], false, "failed"),
+            (
+                "no route: the policy decides",
+                vec![1, 500],
+                false,
+                "failed",
+            ),
             ("split, not atomic: parts", vec![1, 150], false, "split 2"),
             ("split, atomic: refused", vec![1, 150], true, "fatal"),
         ];

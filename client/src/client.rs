@@ -49,7 +49,6 @@ impl Default for ClientOptions {
     }
 }
 
-
 /// Largest response the client decodes. Nodes cap read pages at 4 MiB of
 /// keys and values (always at least one row, up to a 1 MiB value), so this
 /// leaves ample room.
@@ -212,7 +211,6 @@ impl Client {
         let mut c = self.data(endpoint)?;
         self.timed(endpoint, c.status(pb::StatusRequest {})).await
     }
-
 
     /// The data client of an endpoint, reusing its channel.
     pub(crate) fn data(&self, endpoint: &str) -> Result<DataClient<Channel>> {

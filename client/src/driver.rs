@@ -346,9 +346,12 @@ mod tests {
         }
     }
 
-    /// Each case: the error of the failed attempt, the tablet it addressed,
-    /// the attempts and redirects before it, the time since the first
-    /// attempt; and what the driver does. The jitter draw is 0.5.
+    /// A case: its name, the error of the failed attempt, the tablet it
+    /// addressed, the attempts and redirects before it, the time since the
+    /// first attempt; and what the driver does.
+    type Case = (&'static str, Error, Option<u64>, u32, u32, Duration, Want);
+
+    /// The decisions after a failed attempt, the jitter draw being 0.5.
     #[test]
     fn decisions() {
         let ms = Duration::from_millis;
@@ -357,7 +360,7 @@ mod tests {
             leader_endpoint: "http://n2".into(),
         });
         let refused = api(stele_proto::Error::ConditionFailed { actual: None });
-        let cases: Vec<(&str, Error, Option<u64>, u32, u32, Duration, Want)> = vec![
+        let cases: Vec<Case> = vec![
             (
                 "unavailable: back off, forget the leader, reload",
                 unavailable(),

@@ -84,7 +84,6 @@ pub fn chunk(
     out
 }
 
-
 pub(crate) fn invalid(field: &str, reason: &str) -> Error {
     stele_proto::Error::InvalidArgument {
         field: field.into(),
@@ -101,7 +100,6 @@ pub(crate) fn too_large(what: &str, size: usize, limit: usize) -> Error {
     }
     .into()
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -154,5 +152,4 @@ mod tests {
         assert_eq!(sizes(chunk(&records, (0..10).collect(), 100, 1)), [1; 10]);
         assert!(chunk(&records, vec![], 4, 100).is_empty());
     }
-
 }

@@ -17,7 +17,6 @@ use crate::{Client, Error, Result, Route, ScanPage};
 const SCAN_ROUNDS_MAX: u32 = 40;
 
 impl Client {
-
     /// One page of a namespace's records with `ts_from <= ts < ts_to` and
     /// keys starting with `key_prefix`, merged by (ts, key). In this version
     /// the node serves the scan over its local tablets, so the client sends

@@ -12,8 +12,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use stele_client::admin::Admin;
 use stele_proto::pb;
-use tonic::transport::Channel;
 
 use crate::node::{Node, ReplicaSpec};
 use crate::raft::membership::{self, Step};
@@ -46,9 +46,17 @@ pub struct AgentStats {
     pub membership_changes: std::sync::atomic::AtomicU64,
 }
 
+/// Longest single heartbeat call (also sent as the gRPC deadline).
+const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest wait for a connection to a controller.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
 pub struct Agent {
     node: Arc<Node>,
     opts: AgentOptions,
+    /// The controllers, leader followed; `None` when none are configured
+    /// or their endpoints are unusable (then no heartbeat is sent).
+    controllers: Option<Admin>,
     set_peer: Option<SetPeer>,
     /// Tablets with a reconcile task running.
     busy: Arc<Mutex<HashSet<u64>>>,
@@ -61,6 +69,7 @@ impl Agent {
     pub fn new(node: Arc<Node>, opts: AgentOptions, set_peer: Option<SetPeer>) -> Agent {
         Agent {
             node,
+            controllers: controllers(&opts.controllers),
             opts,
             set_peer,
             busy: Default::default(),
@@ -69,11 +78,10 @@ impl Agent {
         }
     }
 
-    /// Runs until the node shuts down.
+    /// Runs until the node shuts down. Each heartbeat tries the controllers
+    /// in one pass (the one that answered last first, then any leader a
+    /// controller names, then the others); the next heartbeat is the retry.
     pub async fn run(self) {
-        let mut clients: Vec<Option<pb::controller_client::ControllerClient<Channel>>> =
-            vec![None; self.opts.controllers.len()];
-        let mut at = 0usize;
         let mut tick = tokio::time::interval(self.opts.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -81,76 +89,31 @@ impl Agent {
                 _ = self.node.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            if self.opts.controllers.is_empty() {
+            let Some(controllers) = &self.controllers else {
                 continue;
-            }
+            };
             let req = self.heartbeat_request();
-            // Try the controller that answered last, then the others.
-            let mut reply = None;
-            for k in 0..self.opts.controllers.len() {
-                let i = (at + k) % self.opts.controllers.len();
-                match self.call(&mut clients[i], i, req.clone()).await {
-                    Ok(r) => {
-                        at = i;
-                        reply = Some(r);
-                        break;
-                    }
-                    Err(Redirect(Some(ep))) => {
-                        if let Some(j) = self.opts.controllers.iter().position(|c| *c == ep) {
-                            at = j;
-                            if let Ok(r) = self.call(&mut clients[j], j, req.clone()).await {
-                                reply = Some(r);
-                                break;
-                            }
-                        }
-                    }
-                    Err(Redirect(None)) => {}
-                }
-            }
+            let reply = controllers
+                .call(|mut c| {
+                    let mut request = tonic::Request::new(req.clone());
+                    request.set_timeout(HEARTBEAT_TIMEOUT);
+                    async move { c.heartbeat(request).await }
+                })
+                .await;
             match reply {
-                Some(r) => {
+                Ok(r) => {
                     self.stats
                         .heartbeats_ok
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     self.apply(r).await;
                 }
-                None => {
+                Err(e) => {
+                    tracing::debug!(error = %e, "heartbeat failed");
                     self.stats
                         .heartbeats_failed
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
             }
-        }
-    }
-
-    async fn call(
-        &self,
-        slot: &mut Option<pb::controller_client::ControllerClient<Channel>>,
-        i: usize,
-        req: pb::HeartbeatRequest,
-    ) -> Result<pb::HeartbeatResponse, Redirect> {
-        if slot.is_none() {
-            let ep = tonic::transport::Endpoint::from_shared(self.opts.controllers[i].clone())
-                .map_err(|_| Redirect(None))?
-                .connect_timeout(Duration::from_secs(1));
-            *slot = Some(pb::controller_client::ControllerClient::new(
-                ep.connect_lazy(),
-            ));
-        }
-        let client = slot.as_mut().expect("set above");
-        let mut request = tonic::Request::new(req);
-        request.set_timeout(Duration::from_secs(2));
-        match client.heartbeat(request).await {
-            Ok(r) => Ok(r.into_inner()),
-            Err(status) => match stele_proto::Error::from_status(&status) {
-                stele_proto::Error::NotLeader {
-                    leader_endpoint, ..
-                } if !leader_endpoint.is_empty() => Err(Redirect(Some(leader_endpoint))),
-                e => {
-                    tracing::debug!(controller = %self.opts.controllers[i], error = %e, "heartbeat failed");
-                    Err(Redirect(None))
-                }
-            },
         }
     }
 
@@ -328,6 +291,30 @@ impl Agent {
     }
 }
 
+/// The leader-following client of the controllers, bounded for a
+/// heartbeat: one pass over them, each attempt `HEARTBEAT_TIMEOUT`, no
+/// waiting through an election (the next heartbeat is a second away).
+fn controllers(endpoints: &[String]) -> Option<Admin> {
+    if endpoints.is_empty() {
+        return None;
+    }
+    match Admin::new(endpoints.to_vec()) {
+        Ok(mut c) => {
+            c.request_timeout = HEARTBEAT_TIMEOUT;
+            c.connect_timeout = CONNECT_TIMEOUT;
+            c.rounds_max = 1;
+            // Bounded by the one pass, not by time.
+            c.deadline = Duration::MAX;
+            c.round_pause = Duration::ZERO;
+            Some(c)
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "controller endpoints unusable: this node sends no heartbeats");
+            None
+        }
+    }
+}
+
 impl Agent {
     /// Proposes the merge step the controller ordered, unless the group
     /// has applied it already or a proposal is in flight.
@@ -449,6 +436,3 @@ impl Agent {
         });
     }
 }
-
-/// A failed heartbeat, with the leader's endpoint when the controller named it.
-struct Redirect(Option<String>);

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 use serde::{Deserialize, Serialize};
+use stele_client::admin::DirectoryAdmin;
 use stele_proto::Error as ApiError;
 use stele_proto::pb;
 
@@ -25,7 +26,7 @@ pub struct DirectoryLink {
     pub endpoints: Vec<String>,
     /// This node's cell id, as registered in the directory.
     pub cell: String,
-    /// Per directory call.
+    /// Per directory call (and per connection attempt).
     pub timeout: Duration,
 }
 
@@ -37,6 +38,10 @@ struct Owner {
 
 pub struct Ownership {
     link: DirectoryLink,
+    /// The directory members, leader followed; the error when the link's
+    /// endpoints are unusable (every lookup then answers `Unavailable`,
+    /// saying why).
+    directory: Result<DirectoryAdmin, stele_client::Error>,
     owners: DashMap<String, Owner>,
     /// One directory lookup at a time (misses are rare: once per namespace).
     filling: tokio::sync::Mutex<()>,
@@ -50,7 +55,12 @@ impl Ownership {
             let owner: Owner = crate::catalog::from_cbor("namespace owner", &bytes)?;
             owners.insert(ns, owner);
         }
+        let directory = directory(&link);
+        if let Err(e) = &directory {
+            tracing::error!(error = %e, "directory endpoints unusable: namespaces not cached here will be refused as unavailable");
+        }
         Ok(Ownership {
+            directory,
             link,
             owners,
             filling: tokio::sync::Mutex::new(()),
@@ -99,53 +109,47 @@ impl Ownership {
         verdict
     }
 
-    /// Asks the directory members in turn, following leader hints.
+    /// Asks the directory members in turn, following leader hints: one
+    /// pass, each call bounded by the link's timeout.
     async fn lookup(&self, namespace: &str) -> Result<Owner, ApiError> {
-        let mut endpoints = self.link.endpoints.clone();
-        let mut last = String::from("no directory endpoint");
-        let mut i = 0;
-        // Each member once, plus a few leader hints.
-        while i < endpoints.len() && i < self.link.endpoints.len() + 3 {
-            let ep = endpoints[i].clone();
-            i += 1;
-            let channel = match tonic::transport::Endpoint::from_shared(ep.clone()) {
-                Ok(e) => e.connect_timeout(self.link.timeout).connect_lazy(),
-                Err(e) => {
-                    last = format!("{ep}: {e}");
-                    continue;
-                }
-            };
-            let mut client = pb::directory_client::DirectoryClient::new(channel);
-            let mut req = tonic::Request::new(pb::GetNamespaceRequest {
-                name: namespace.to_string(),
-                create_if_missing: false,
-            });
-            req.set_timeout(self.link.timeout);
-            match tokio::time::timeout(self.link.timeout, client.get_namespace(req)).await {
-                Ok(Ok(r)) => {
-                    let r = r.into_inner();
-                    return Ok(Owner {
-                        cell: r.cell,
-                        controllers: r.controllers,
-                    });
-                }
-                Ok(Err(status)) => match ApiError::from_status(&status) {
-                    e @ ApiError::NamespaceNotFound { .. } => return Err(e),
-                    ApiError::NotLeader {
-                        leader_endpoint, ..
-                    } if !leader_endpoint.is_empty() => {
-                        last = format!("{ep}: not the leader");
-                        endpoints.push(leader_endpoint);
-                    }
-                    e => last = format!("{ep}: {e}"),
-                },
-                Err(_) => last = format!("{ep}: timed out"),
-            }
-        }
-        Err(ApiError::Unavailable {
+        let unavailable = |e: &dyn std::fmt::Display| ApiError::Unavailable {
             reason: format!(
-                "namespace {namespace:?} is not known to this node and the directory did not answer ({last})"
+                "namespace {namespace:?} is not known to this node and the directory did not answer ({e})"
             ),
-        })
+        };
+        let directory = self.directory.as_ref().map_err(|e| unavailable(e))?;
+        let timeout = self.link.timeout;
+        let reply = directory
+            .call(|mut c| {
+                let mut req = tonic::Request::new(pb::GetNamespaceRequest {
+                    name: namespace.to_string(),
+                    create_if_missing: false,
+                });
+                req.set_timeout(timeout);
+                async move { c.get_namespace(req).await }
+            })
+            .await;
+        match reply {
+            Ok(r) => Ok(Owner {
+                cell: r.cell,
+                controllers: r.controllers,
+            }),
+            Err(stele_client::Error::Api(e @ ApiError::NamespaceNotFound { .. })) => Err(e),
+            Err(e) => Err(unavailable(&e)),
+        }
     }
+}
+
+/// The leader-following client of the directory, bounded as a lookup on the
+/// request path: one pass over the members, `link.timeout` per call and per
+/// connection, no waiting through an election.
+fn directory(link: &DirectoryLink) -> Result<DirectoryAdmin, stele_client::Error> {
+    let mut d = DirectoryAdmin::new(link.endpoints.clone())?;
+    d.request_timeout = link.timeout;
+    d.connect_timeout = link.timeout;
+    d.rounds_max = 1;
+    // Bounded by the one pass, not by time.
+    d.deadline = Duration::MAX;
+    d.round_pause = Duration::ZERO;
+    Ok(d)
 }
