@@ -1,8 +1,7 @@
 //! The handle to a cell: its options, the route cache and how it is
 //! loaded, one tonic channel per endpoint, and the single timed attempt
-//! every call is made of. The calls themselves live in [`crate::append`],
-//! [`crate::read`] and [`crate::scan`], and retry through
-//! [`crate::driver`].
+//! every call is made of. The calls themselves live in the `append`,
+//! `read` and `scan` modules, and retry through `driver`.
 
 use std::collections::HashMap;
 use std::future::Future;
