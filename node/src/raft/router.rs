@@ -532,7 +532,7 @@ mod tests {
     use crate::segment::file_name;
 
     /// What the fake peer does to its answers.
-    #[derive(Clone, Copy, PartialEq)]
+    #[derive(Clone, Copy, PartialEq, Debug)]
     enum Fault {
         None,
         FlipByteInSecondChunk,
@@ -643,12 +643,62 @@ mod tests {
             };
             let fetch = fetch_segment(&peer, 2, 7, 9, &id, bytes.len() as u64, dir.path());
             let result = tokio::time::timeout(std::time::Duration::from_millis(500), fetch).await;
-            match fault {
+            match (fault, result) {
                 // Dropped mid-fetch: the part file goes with it.
-                Fault::HangOnSecondChunk => assert!(result.is_err()),
-                _ => assert!(matches!(result, Ok(Err(_))), "fault accepted"),
+                (Fault::HangOnSecondChunk, result) => assert!(result.is_err()),
+                (Fault::RefuseSecondChunk, Ok(Err(Error::Refused { reason }))) => {
+                    assert_eq!(reason, "gone")
+                }
+                (
+                    Fault::FlipByteInSecondChunk | Fault::LieAboutLength,
+                    Ok(Err(Error::Segment(_))),
+                ) => {}
+                (_, Ok(Err(e))) => panic!("{fault:?} failed with the wrong error: {e}"),
+                (_, Ok(Ok(_))) => panic!("{fault:?} accepted"),
+                (_, Err(_)) => panic!("{fault:?} hung"),
             }
             assert!(files(dir.path()).is_empty(), "left {:?}", files(dir.path()));
         }
+    }
+
+    #[test]
+    fn a_chunk_request_names_a_segment_or_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        for id in ["../catalog.redb", "", "0123456789abcdef0123456789abcdeg"] {
+            match read_segment_chunk(dir.path(), id, 0, 10) {
+                Err(Error::NotASegmentId { id: got }) => assert_eq!(got, id),
+                Err(e) => panic!("{id:?}: {e}"),
+                Ok(_) => panic!("{id:?}: read"),
+            }
+        }
+        // A well-formed id of a segment that is not here.
+        let id = "0123456789abcdef0123456789abcdef";
+        match read_segment_chunk(dir.path(), id, 0, 10) {
+            Err(Error::Io { path, source }) => {
+                assert_eq!(path, dir.path().join(file_name(id)));
+                assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
+            }
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("read a missing segment"),
+        }
+    }
+
+    #[test]
+    fn messages_of_another_envelope_version_are_refused() {
+        let future = Bytes::from(encode(&Envelope {
+            v: RPC_V + 1,
+            msg: RaftReply::Refused("x".into()),
+        }));
+        match decode_msg::<RaftReply>("raft reply", &future) {
+            Err(Error::Version { what, version }) => {
+                assert_eq!((what.as_str(), version), ("raft reply", RPC_V + 1))
+            }
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("decoded a message of another version"),
+        }
+        assert!(matches!(
+            decode_msg::<RaftReply>("raft reply", b"\xff"),
+            Err(Error::Decode(_))
+        ));
     }
 }

@@ -131,3 +131,118 @@ pub fn decode_rows(buf: &[u8], rows: u64, schema: u32) -> Result<Vec<Row>, Damag
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(namespace: &str, key: &[u8], value: &[u8]) -> Row {
+        Row {
+            namespace: namespace.to_owned(),
+            key: key.to_vec(),
+            ts: 300,
+            index: 7,
+            slot: 2,
+            value: value.to_vec(),
+            vshard: 9,
+            tablet: 0,
+        }
+    }
+
+    fn encoded(rows: &[Row]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for r in rows {
+            put_row(&mut out, r);
+        }
+        out
+    }
+
+    /// Each way a block can lie decodes to the `Damage` that names it.
+    #[test]
+    fn damaged_rows_are_named_by_their_damage() {
+        let rows = [row("ns", b"k1", b"v1"), row("ns", b"k2", b"value2")];
+        let good = encoded(&rows);
+        assert_eq!(decode_rows(&good, 2, 2).unwrap(), rows);
+
+        let check = |buf: &[u8], rows: u64, want: Damage| {
+            assert_eq!(decode_rows(buf, rows, 2), Err(want));
+        };
+        check(
+            &good,
+            good.len() as u64,
+            Damage::TooManyRows {
+                rows: good.len() as u64,
+                bytes: good.len(),
+            },
+        );
+        check(
+            &good,
+            1,
+            Damage::TrailingBytes {
+                bytes: good.len() - row_len(&rows[0]),
+                rows: 1,
+            },
+        );
+        // The second row's value cut short by one byte.
+        check(
+            &good[..good.len() - 1],
+            2,
+            Damage::PastBlockEnd {
+                field: "value",
+                len: 6,
+                at: good.len() - 7,
+            },
+        );
+        // A namespace that is not UTF-8 (the first row's, after its length byte).
+        let mut bad = good.clone();
+        bad[1] = 0xff;
+        check(&bad, 2, Damage::NamespaceNotUtf8 { at: 3 });
+        // A namespace length above the limit.
+        let mut long = Vec::new();
+        put_varint(&mut long, NAMESPACE_BYTES_MAX as u64 + 1);
+        long.resize(64, 0);
+        check(
+            &long,
+            1,
+            Damage::LengthOverMax {
+                field: "namespace",
+                len: NAMESPACE_BYTES_MAX as u64 + 1,
+                at: 0,
+                max: NAMESPACE_BYTES_MAX,
+            },
+        );
+        // A slot that does not fit u32.
+        let mut wide = Vec::new();
+        for v in [1u64, b'n' as u64, 1, b'k' as u64] {
+            put_varint(&mut wide, v);
+        }
+        for v in [300, 7, u64::from(u32::MAX) + 1, 9, 0] {
+            put_varint(&mut wide, v);
+        }
+        let slot_end = wide.len() - 2;
+        check(
+            &wide,
+            1,
+            Damage::OverU32 {
+                field: "slot",
+                value: u64::from(u32::MAX) + 1,
+                at: slot_end,
+            },
+        );
+        // A varint that never ends.
+        check(
+            &[1, b'n', 1, b'k', 0x80, 0x80, 0x80, 0x80, 0x80, 0x80],
+            1,
+            Damage::BadVarint { field: "ts", at: 4 },
+        );
+        assert_eq!(
+            Damage::PastBlockEnd {
+                field: "value",
+                len: 6,
+                at: 20
+            }
+            .to_string(),
+            "value of 6 bytes at block byte 20 runs past the block end"
+        );
+    }
+}

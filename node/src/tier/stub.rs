@@ -319,6 +319,16 @@ mod tests {
         let err = read(dir.path(), "s2", 100).unwrap_err();
         assert!(matches!(err, Error::TooLarge { .. }), "{err}");
         assert!(err.to_string().contains("too large"), "{err}");
+        // A stub of another length of segment is refused, naming its file.
+        let err = read(dir.path(), "s1", 101).unwrap_err();
+        match &err {
+            Error::Damaged { path: p, damage } => {
+                assert_eq!(p, &path(dir.path(), "s1"));
+                assert!(matches!(damage, Damage::OtherLength { .. }), "{damage}");
+            }
+            other => panic!("{other}"),
+        }
+        assert!(err.to_string().starts_with(&*path(dir.path(), "s1").to_string_lossy()));
         remove(dir.path(), "s1");
         remove(dir.path(), "s1");
         assert_eq!(read(dir.path(), "s1", 100).unwrap(), None);
