@@ -280,6 +280,21 @@ mod tests {
     }
 
     #[test]
+    fn a_frame_cut_inside_its_header_is_short_not_a_panic() {
+        let mut buf = Vec::new();
+        encode_frame(&mut buf, FrameKind::Entry, 1, 1, b"x");
+        for len in 0..FRAME_HEADER_BYTES {
+            assert_eq!(verify_frame(&buf[..len], 1024), Err(Damage::ShortHeader));
+            assert!(!plausible_frame_start(&buf[..len], 1024));
+        }
+        assert_eq!(
+            verify_frame(&buf[..FRAME_HEADER_BYTES], 1024),
+            Err(Damage::PastEnd { payload_bytes: 1 })
+        );
+        assert!(plausible_frame_start(&buf, 1024));
+    }
+
+    #[test]
     fn zeroes_never_verify() {
         assert!(verify_frame(&[0u8; 64], 1024).is_err());
     }

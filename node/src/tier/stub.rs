@@ -328,7 +328,10 @@ mod tests {
             }
             other => panic!("{other}"),
         }
-        assert!(err.to_string().starts_with(&*path(dir.path(), "s1").to_string_lossy()));
+        assert!(
+            err.to_string()
+                .starts_with(&*path(dir.path(), "s1").to_string_lossy())
+        );
         remove(dir.path(), "s1");
         remove(dir.path(), "s1");
         assert_eq!(read(dir.path(), "s1", 100).unwrap(), None);
