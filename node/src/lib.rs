@@ -6,6 +6,7 @@ pub mod agent;
 pub mod catalog;
 pub mod certs;
 pub mod error;
+pub mod fixed;
 pub mod fsutil;
 pub mod journal;
 pub mod node;

@@ -213,9 +213,8 @@ pub struct ReplicaSpec {
 }
 
 /// The future of one segment fetch: the published file's path.
-type FetchFuture<'a> = std::pin::Pin<
-    Box<dyn std::future::Future<Output = std::result::Result<PathBuf, String>> + Send + 'a>,
->;
+type FetchFuture<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = router::Result<PathBuf>> + Send + 'a>>;
 
 /// Object-safe access to the peers, for fetching segments.
 pub trait SegmentSource: Send + Sync {
@@ -852,7 +851,8 @@ impl Node {
                     &seg,
                     &r.tablet.segment_dir,
                 )
-                .await?;
+                .await
+                .map_err(|e| e.to_string())?;
             self.stats.segments_fetched.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
@@ -987,11 +987,7 @@ impl Peers for NoTransport {
         _target_replica: u64,
         _lane: router::Lane,
         _body: bytes::Bytes,
-    ) -> std::pin::Pin<
-        Box<
-            dyn std::future::Future<Output = std::result::Result<bytes::Bytes, String>> + Send + '_,
-        >,
-    > {
+    ) -> router::CallFuture<'_> {
         match *self {}
     }
 }

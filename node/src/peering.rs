@@ -40,9 +40,9 @@ impl Peers for SharedTransport {
         };
         Box::pin(async move {
             if self.1.drops(node) {
-                return Err(PeerFilter::reason(node));
+                return Err(crate::raft::router::Error::Filtered { node });
             }
-            self.0.call(node, req).await.map_err(|e| e.to_string())
+            Ok(self.0.call(node, req).await?)
         })
     }
 }

@@ -7,14 +7,12 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
 use openraft::async_runtime::watch::WatchReceiver;
-use stele_node::raft::router::{Lane, Peers, node_of};
+use stele_node::raft::router::{CallFuture, Error as PeerError, Lane, Peers, node_of};
 use stele_node::{Node, NodeOptions};
 use stele_proto::command::{AppendBatch, RecordIn, TabletCommand, TabletResponse};
 use stele_proto::vshard;
@@ -34,19 +32,15 @@ impl LoopPeers {
 }
 
 impl Peers for LoopPeers {
-    fn call(
-        &self,
-        node: u64,
-        group: u64,
-        target: u64,
-        _lane: Lane,
-        body: Bytes,
-    ) -> Pin<Box<dyn Future<Output = Result<Bytes, String>> + Send + '_>> {
+    fn call(&self, node: u64, group: u64, target: u64, _lane: Lane, body: Bytes) -> CallFuture<'_> {
+        let refused = |reason: &str| PeerError::Refused {
+            reason: reason.into(),
+        };
         Box::pin(async move {
             {
                 let cut = self.cut.read().unwrap();
                 if cut.contains(&node) || cut.contains(&self.me) {
-                    return Err("partitioned".into());
+                    return Err(refused("partitioned"));
                 }
             }
             let n = self
@@ -55,8 +49,10 @@ impl Peers for LoopPeers {
                 .unwrap()
                 .get(&node)
                 .and_then(Weak::upgrade)
-                .ok_or("no such node")?;
-            n.handle_raft(group, target, &body).await
+                .ok_or_else(|| refused("no such node"))?;
+            n.handle_raft(group, target, &body)
+                .await
+                .map_err(|reason| PeerError::Refused { reason })
         })
     }
 }

@@ -13,6 +13,8 @@
 
 use std::fmt;
 
+use crate::fixed;
+
 /// The first eight bytes of every journal file.
 pub const MAGIC: [u8; 8] = *b"STELEJNL";
 /// The only file format version this build reads and writes.
@@ -144,7 +146,7 @@ pub fn check_file_header(header: &[u8; HEADER_BYTES]) -> HeaderCheck {
     if header[HEADER_MAGIC_OFFSET..HEADER_VERSION_OFFSET] != MAGIC {
         return HeaderCheck::BadMagic;
     }
-    let version = read_u32(header, HEADER_VERSION_OFFSET);
+    let version = fixed::u32_le_in::<HEADER_VERSION_OFFSET, HEADER_BYTES>(header);
     if version != FORMAT_VERSION {
         return HeaderCheck::UnsupportedVersion(version);
     }
@@ -188,10 +190,10 @@ fn frame_crc(header: &[u8], payload: &[u8]) -> u32 {
 /// Verifies the frame that starts at `bytes[0]`; `bytes` may extend past it
 /// (to the end of the file). Returns the header when the whole frame checks out.
 pub fn verify_frame(bytes: &[u8], payload_bytes_max: usize) -> Result<FrameHeader, Damage> {
-    if bytes.len() < FRAME_HEADER_BYTES {
+    let Ok(header) = fixed::array::<FRAME_HEADER_BYTES>(bytes, 0) else {
         return Err(Damage::ShortHeader);
-    }
-    let payload_bytes = read_u32(bytes, FRAME_LEN_OFFSET);
+    };
+    let payload_bytes = fixed::u32_le_in::<FRAME_LEN_OFFSET, FRAME_HEADER_BYTES>(header);
     if payload_bytes as usize > payload_bytes_max {
         return Err(Damage::LengthOverMax { payload_bytes });
     }
@@ -199,18 +201,15 @@ pub fn verify_frame(bytes: &[u8], payload_bytes_max: usize) -> Result<FrameHeade
     if bytes.len() < frame_bytes {
         return Err(Damage::PastEnd { payload_bytes });
     }
-    let stored = read_u32(bytes, FRAME_CRC_OFFSET);
-    let computed = frame_crc(
-        &bytes[..FRAME_HEADER_BYTES],
-        &bytes[FRAME_HEADER_BYTES..frame_bytes],
-    );
+    let stored = fixed::u32_le_in::<FRAME_CRC_OFFSET, FRAME_HEADER_BYTES>(header);
+    let computed = frame_crc(header, &bytes[FRAME_HEADER_BYTES..frame_bytes]);
     if stored != computed {
         return Err(Damage::Checksum { stored, computed });
     }
     // A frame whose CRC verifies but whose kind is unknown was written by a
     // newer build (or by a bug): either way this build cannot interpret it.
-    let kind_byte = bytes[FRAME_KIND_OFFSET];
-    let pad = &bytes[FRAME_PAD_OFFSET..FRAME_PAD_OFFSET + FRAME_PAD_BYTES];
+    let kind_byte = header[FRAME_KIND_OFFSET];
+    let pad = &header[FRAME_PAD_OFFSET..FRAME_PAD_OFFSET + FRAME_PAD_BYTES];
     let Some(kind) = FrameKind::from_byte(kind_byte) else {
         return Err(Damage::UnknownKind { kind: kind_byte });
     };
@@ -222,30 +221,22 @@ pub fn verify_frame(bytes: &[u8], payload_bytes_max: usize) -> Result<FrameHeade
     }
     Ok(FrameHeader {
         kind,
-        tablet: read_u64(bytes, FRAME_TABLET_OFFSET),
-        index: read_u64(bytes, FRAME_INDEX_OFFSET),
+        tablet: fixed::u64_le_in::<FRAME_TABLET_OFFSET, FRAME_HEADER_BYTES>(header),
+        index: fixed::u64_le_in::<FRAME_INDEX_OFFSET, FRAME_HEADER_BYTES>(header),
         payload_bytes,
     })
 }
 
 /// Cheap pre-filter for the forward search after damage: can a frame start here at all?
 pub fn plausible_frame_start(bytes: &[u8], payload_bytes_max: usize) -> bool {
-    if bytes.len() < FRAME_HEADER_BYTES {
+    let Ok(header) = fixed::array::<FRAME_HEADER_BYTES>(bytes, 0) else {
         return false;
-    }
-    let payload_bytes = read_u32(bytes, FRAME_LEN_OFFSET) as usize;
+    };
+    let payload_bytes = fixed::u32_le_in::<FRAME_LEN_OFFSET, FRAME_HEADER_BYTES>(header) as usize;
     payload_bytes <= payload_bytes_max
         && FRAME_HEADER_BYTES + payload_bytes <= bytes.len()
-        && FrameKind::from_byte(bytes[FRAME_KIND_OFFSET]).is_some()
-        && bytes[FRAME_PAD_OFFSET..FRAME_PAD_OFFSET + FRAME_PAD_BYTES] == [0; FRAME_PAD_BYTES]
-}
-
-fn read_u32(bytes: &[u8], offset: usize) -> u32 {
-    u32::from_le_bytes(bytes[offset..offset + 4].try_into().expect("4 bytes"))
-}
-
-fn read_u64(bytes: &[u8], offset: usize) -> u64 {
-    u64::from_le_bytes(bytes[offset..offset + 8].try_into().expect("8 bytes"))
+        && FrameKind::from_byte(header[FRAME_KIND_OFFSET]).is_some()
+        && header[FRAME_PAD_OFFSET..FRAME_PAD_OFFSET + FRAME_PAD_BYTES] == [0; FRAME_PAD_BYTES]
 }
 
 #[cfg(test)]
@@ -286,6 +277,21 @@ mod tests {
             verify_frame(&buf, 99),
             Err(Damage::LengthOverMax { payload_bytes: 100 })
         );
+    }
+
+    #[test]
+    fn a_frame_cut_inside_its_header_is_short_not_a_panic() {
+        let mut buf = Vec::new();
+        encode_frame(&mut buf, FrameKind::Entry, 1, 1, b"x");
+        for len in 0..FRAME_HEADER_BYTES {
+            assert_eq!(verify_frame(&buf[..len], 1024), Err(Damage::ShortHeader));
+            assert!(!plausible_frame_start(&buf[..len], 1024));
+        }
+        assert_eq!(
+            verify_frame(&buf[..FRAME_HEADER_BYTES], 1024),
+            Err(Damage::PastEnd { payload_bytes: 1 })
+        );
+        assert!(plausible_frame_start(&buf, 1024));
     }
 
     #[test]

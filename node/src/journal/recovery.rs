@@ -25,7 +25,7 @@ use super::format::{
     self, Damage, FrameHeader, FrameKind, HEADER_BYTES, HeaderCheck, encode_file_header,
 };
 use super::retention::Retention;
-use crate::fsutil;
+use crate::{fixed, fsutil};
 
 /// One valid frame found by recovery: its header fields and where it lies.
 /// The payload stays on disk; read it with `Journal::read(location)`.
@@ -207,7 +207,7 @@ pub(crate) fn recover(dir: &Path, payload_bytes_max: usize) -> Result<Recovered>
             .map_err(|e| Error::io(path, e))?;
         let bytes = fs::read(path).map_err(|e| Error::io(path, e))?;
 
-        if bytes.len() < HEADER_BYTES {
+        let Ok(header) = fixed::array::<HEADER_BYTES>(&bytes, 0) else {
             if !is_last {
                 return Err(Error::Corrupt {
                     file: path.clone(),
@@ -229,10 +229,9 @@ pub(crate) fn recover(dir: &Path, payload_bytes_max: usize) -> Result<Recovered>
             handles.insert(*seq, Arc::new(file));
             active_bytes = HEADER_BYTES as u64;
             continue;
-        }
+        };
 
-        let header: [u8; HEADER_BYTES] = bytes[..HEADER_BYTES].try_into().expect("16 bytes");
-        match format::check_file_header(&header) {
+        match format::check_file_header(header) {
             HeaderCheck::Ok => {}
             HeaderCheck::BadMagic => return Err(Error::BadMagic { path: path.clone() }),
             HeaderCheck::UnsupportedVersion(version) => {

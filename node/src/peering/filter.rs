@@ -27,6 +27,17 @@ pub const WATCH_INTERVAL: Duration = Duration::from_millis(100);
 /// Most node ids a filter file may name.
 pub const BLOCKED_NODES_MAX: usize = 1024;
 
+/// Why a filter file is not applied; the previous filter stays.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{token:?} is not a node id")]
+    NotANodeId { token: String },
+    #[error("more than {BLOCKED_NODES_MAX} node ids")]
+    TooManyNodes,
+    #[error("cannot read: {0}")]
+    Read(#[source] std::io::Error),
+}
+
 /// The set of nodes this node refuses to talk to, and how many messages it
 /// dropped because of it.
 #[derive(Debug, Default)]
@@ -63,23 +74,23 @@ impl PeerFilter {
 
     /// The reason a dropped message carries.
     pub fn reason(node: u64) -> String {
-        format!("node {node} is cut off by the peer filter (fault injection)")
+        crate::raft::router::Error::Filtered { node }.to_string()
     }
 
     /// Parses a filter file: node ids separated by commas or whitespace.
     /// Empty text blocks nothing.
-    pub fn parse(text: &str) -> Result<BTreeSet<u64>, String> {
+    pub fn parse(text: &str) -> Result<BTreeSet<u64>, Error> {
         let mut out = BTreeSet::new();
         for token in text
             .split(|c: char| c == ',' || c.is_whitespace())
             .filter(|t| !t.is_empty())
         {
-            let id: u64 = token
-                .parse()
-                .map_err(|_| format!("{token:?} is not a node id"))?;
+            let id: u64 = token.parse().map_err(|_| Error::NotANodeId {
+                token: token.to_owned(),
+            })?;
             out.insert(id);
             if out.len() > BLOCKED_NODES_MAX {
-                return Err(format!("more than {BLOCKED_NODES_MAX} node ids"));
+                return Err(Error::TooManyNodes);
             }
         }
         Ok(out)
@@ -107,7 +118,9 @@ impl PeerFilter {
                 let read = tokio::fs::read_to_string(&path).await;
                 match self.apply(read) {
                     Ok(()) => last_problem = None,
-                    Err(problem) => {
+                    Err(e) => {
+                        // Compared as text: the same problem on every tick logs once.
+                        let problem = e.to_string();
                         if last_problem.as_ref() != Some(&problem) {
                             tracing::warn!(file = %path.display(), %problem, "peer filter file ignored; keeping the previous filter");
                             last_problem = Some(problem);
@@ -120,11 +133,11 @@ impl PeerFilter {
 
     /// Applies one read of the filter file (the decision of `watch_file`,
     /// without the I/O).
-    fn apply(&self, read: std::io::Result<String>) -> Result<(), String> {
+    fn apply(&self, read: std::io::Result<String>) -> Result<(), Error> {
         let next = match read {
             Ok(text) => Self::parse(&text)?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeSet::new(),
-            Err(e) => return Err(format!("cannot read: {e}")),
+            Err(e) => return Err(Error::Read(e)),
         };
         let mut blocked = self.blocked.write().expect("lock poisoned");
         if *blocked != next {
@@ -137,7 +150,7 @@ impl PeerFilter {
 
 #[cfg(test)]
 mod tests {
-    use std::io::{Error, ErrorKind};
+    use std::io::{Error as IoError, ErrorKind};
 
     use super::*;
 
@@ -166,6 +179,32 @@ mod tests {
     }
 
     #[test]
+    fn parse_errors_name_the_problem() {
+        match PeerFilter::parse("2 x3") {
+            Err(Error::NotANodeId { token }) => assert_eq!(token, "x3"),
+            other => panic!("{other:?}"),
+        }
+        let many: Vec<String> = (0..=BLOCKED_NODES_MAX as u64)
+            .map(|n| n.to_string())
+            .collect();
+        assert!(matches!(
+            PeerFilter::parse(&many.join(",")),
+            Err(Error::TooManyNodes)
+        ));
+        assert_eq!(
+            PeerFilter::parse(&many[..BLOCKED_NODES_MAX].join(","))
+                .unwrap()
+                .len(),
+            BLOCKED_NODES_MAX
+        );
+        let f = PeerFilter::default();
+        assert!(matches!(
+            f.apply(Err(IoError::from(ErrorKind::PermissionDenied))),
+            Err(Error::Read(e)) if e.kind() == ErrorKind::PermissionDenied
+        ));
+    }
+
+    #[test]
     fn drops_only_blocked_nodes_and_counts_them() {
         let f = PeerFilter::default();
         assert!(!f.drops(2));
@@ -191,11 +230,11 @@ mod tests {
             "a bad file keeps the last filter"
         );
         assert!(
-            f.apply(Err(Error::from(ErrorKind::PermissionDenied)))
+            f.apply(Err(IoError::from(ErrorKind::PermissionDenied)))
                 .is_err()
         );
         assert_eq!(f.blocked(), set(&[2, 3]));
-        f.apply(Err(Error::from(ErrorKind::NotFound))).unwrap();
+        f.apply(Err(IoError::from(ErrorKind::NotFound))).unwrap();
         assert!(f.blocked().is_empty(), "a missing file blocks nothing");
         f.apply(Ok("1".into())).unwrap();
         f.apply(Ok(String::new())).unwrap();

@@ -10,7 +10,32 @@ use openraft::ChangeMembers;
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::impls::BasicNode;
 
-use super::TabletRaft;
+use super::{TabletConfig, TabletRaft};
+
+/// The error of a membership change or an add-learner call.
+type WriteError =
+    openraft::error::RaftError<TabletConfig, openraft::error::ClientWriteError<TabletConfig>>;
+
+/// Why a reconcile step failed. Every one is retried on the next heartbeat
+/// (the controller still wants the change); `NoVoters` means the
+/// controller's assignment is wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("empty desired voter set")]
+    NoVoters,
+    #[error(transparent)]
+    ChangeMembership(Box<WriteError>),
+    #[error(transparent)]
+    TransferLeader(Box<openraft::error::Fatal<TabletConfig>>),
+    #[error("add learner {replica}: {source}")]
+    AddLearner {
+        replica: u64,
+        #[source]
+        source: Box<WriteError>,
+    },
+    #[error("learner {replica} did not catch up within {catch_up:?}")]
+    CatchUp { replica: u64, catch_up: Duration },
+}
 
 /// A group's effective membership as one replica sees it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -63,27 +88,27 @@ pub async fn reconcile(
     desired: &BTreeSet<u64>,
     want_leader: u64,
     catch_up: Duration,
-) -> Result<Step, String> {
+) -> Result<Step, Error> {
     let v = view(raft);
     if v.leader != Some(me) {
         return Ok(Step::NotLeader);
     }
     if desired.is_empty() {
-        return Err("empty desired voter set".into());
+        return Err(Error::NoVoters);
     }
     if !v.joint && v.voters == *desired {
         let extra: BTreeSet<u64> = v.learners.difference(desired).copied().collect();
         if !extra.is_empty() {
             raft.change_membership(ChangeMembers::RemoveNodes(extra), false)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| Error::ChangeMembership(Box::new(e)))?;
             return Ok(Step::RemovedLearners);
         }
         if want_leader != 0 && want_leader != me && desired.contains(&want_leader) {
             raft.trigger()
                 .transfer_leader(want_leader)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| Error::TransferLeader(Box::new(e)))?;
             return Ok(Step::TransferredLeader(want_leader));
         }
         return Ok(Step::Done);
@@ -101,7 +126,7 @@ pub async fn reconcile(
             raft.trigger()
                 .transfer_leader(to)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| Error::TransferLeader(Box::new(e)))?;
             return Ok(Step::TransferredLeader(to));
         }
         // No staying voter: change first (the group stays available; this
@@ -114,14 +139,24 @@ pub async fn reconcile(
                     .await;
             match added {
                 Ok(Ok(_)) => {}
-                Ok(Err(e)) => return Err(format!("add learner {r}: {e}")),
-                Err(_) => return Err(format!("learner {r} did not catch up within {catch_up:?}")),
+                Ok(Err(e)) => {
+                    return Err(Error::AddLearner {
+                        replica: *r,
+                        source: Box::new(e),
+                    });
+                }
+                Err(_) => {
+                    return Err(Error::CatchUp {
+                        replica: *r,
+                        catch_up,
+                    });
+                }
             }
         }
     }
     raft.change_membership(ChangeMembers::ReplaceAllVoters(desired.clone()), false)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| Error::ChangeMembership(Box::new(e)))?;
     Ok(Step::ChangedVoters)
 }
 

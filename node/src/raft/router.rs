@@ -51,6 +51,62 @@ pub fn replica_id(tablet: u64, node: u64) -> u64 {
 /// Version of the RPC envelope.
 const RPC_V: u16 = 1;
 
+/// Why a Raft message or a segment fetch between nodes failed. openraft
+/// takes each as "unreachable" and retries on its own schedule; a failed
+/// segment fetch fails the snapshot's delivery, which the leader repeats.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The transport did not deliver the call or got no answer.
+    #[error(transparent)]
+    Transport(#[from] crate::transport::Error),
+    /// The node's peer filter drops traffic with `node` (fault injection).
+    #[error("node {node} is cut off by the peer filter (fault injection)")]
+    Filtered { node: u64 },
+    /// The receiving node could not hand the message to Raft, in its words.
+    #[error("{reason}")]
+    Refused { reason: String },
+    /// Bytes that are not a message of any kind.
+    #[error(transparent)]
+    Decode(Box<crate::error::Error>),
+    /// A message in an envelope version this build does not speak.
+    #[error("{what}: unknown version {version}")]
+    Version { what: String, version: u16 },
+    /// A control call got no answer within openraft's deadline for it.
+    #[error("{what} to replica {target} timed out after {ttl:?}")]
+    TimedOut {
+        what: String,
+        target: u64,
+        ttl: std::time::Duration,
+    },
+    /// A well-formed reply of the wrong kind.
+    #[error("unexpected reply to {what}")]
+    UnexpectedReply { what: String },
+    /// A segment chunk larger than the fetch asked for.
+    #[error(
+        "segment {id}: peer sent a chunk of {bytes} bytes, more than the {SEGMENT_CHUNK_BYTES} asked for"
+    )]
+    ChunkTooLarge { id: String, bytes: usize },
+    /// A fetch named something other than a segment id.
+    #[error("{id:?} is not a segment id")]
+    NotASegmentId { id: String },
+    /// Receiving or verifying a fetched segment failed.
+    #[error(transparent)]
+    Segment(#[from] crate::segment::Error),
+    /// Reading a segment chunk to send failed.
+    #[error("{}: {source}", .path.display())]
+    Io {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A blocking file task panicked or was cancelled.
+    #[error(transparent)]
+    Task(#[from] tokio::task::JoinError),
+}
+
+/// `router::Result`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
 #[derive(Serialize, Deserialize)]
 #[serde(bound = "")]
 pub enum RaftRpc {
@@ -99,10 +155,13 @@ pub fn encode_msg<T: Serialize>(msg: T) -> Bytes {
     Bytes::from(encode(&Envelope { v: RPC_V, msg }))
 }
 
-pub fn decode_msg<T: for<'de> Deserialize<'de>>(what: &str, bytes: &[u8]) -> Result<T, String> {
-    let env: Envelope<T> = decode(what, bytes).map_err(|e| e.to_string())?;
+pub fn decode_msg<T: for<'de> Deserialize<'de>>(what: &str, bytes: &[u8]) -> Result<T> {
+    let env: Envelope<T> = decode(what, bytes).map_err(|e| Error::Decode(Box::new(e)))?;
     if env.v != RPC_V {
-        return Err(format!("{what}: unknown version {}", env.v));
+        return Err(Error::Version {
+            what: what.to_owned(),
+            version: env.v,
+        });
     }
     Ok(env.msg)
 }
@@ -116,7 +175,7 @@ pub enum Lane {
 }
 
 /// The future of one peer call.
-pub type CallFuture<'a> = Pin<Box<dyn Future<Output = Result<Bytes, String>> + Send + 'a>>;
+pub type CallFuture<'a> = Pin<Box<dyn Future<Output = Result<Bytes>> + Send + 'a>>;
 
 /// Sends one request to a peer node and returns its reply bytes. The
 /// transport implements this; tests may loop it back in process.
@@ -149,7 +208,7 @@ pub async fn fetch_segment<P: Peers>(
     id: &str,
     file_len: u64,
     dir: &std::path::Path,
-) -> Result<std::path::PathBuf, String> {
+) -> Result<std::path::PathBuf> {
     let (dir_, id_) = (dir.to_path_buf(), id.to_string());
     let mut incoming =
         blocking(move || crate::segment::Incoming::create(&dir_, &id_, file_len)).await?;
@@ -164,15 +223,19 @@ pub async fn fetch_segment<P: Peers>(
             .await?;
         let (chunk, declared) = match decode_msg::<RaftReply>("segment chunk", &bytes)? {
             RaftReply::Segment { bytes, file_len } => (bytes, file_len),
-            RaftReply::Refused(e) => return Err(e),
-            _ => return Err(format!("segment {id}: unexpected reply")),
+            RaftReply::Refused(reason) => return Err(Error::Refused { reason }),
+            _ => {
+                return Err(Error::UnexpectedReply {
+                    what: format!("segment {id} fetch"),
+                });
+            }
         };
         drop(bytes);
         if chunk.len() > SEGMENT_CHUNK_BYTES as usize {
-            return Err(format!(
-                "segment {id}: peer sent a chunk of {} bytes, more than the {SEGMENT_CHUNK_BYTES} asked for",
-                chunk.len()
-            ));
+            return Err(Error::ChunkTooLarge {
+                id: id.to_owned(),
+                bytes: chunk.len(),
+            });
         }
         // The part file moves to a blocking thread and back; if this future
         // is dropped meanwhile, the thread drops it, which removes the file.
@@ -184,33 +247,27 @@ pub async fn fetch_segment<P: Peers>(
 /// Runs blocking file I/O off the async threads.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> crate::segment::Result<T> + Send + 'static,
-) -> Result<T, String> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())
+) -> Result<T> {
+    Ok(tokio::task::spawn_blocking(f).await??)
 }
 
 /// Reads `len` bytes at `offset` of segment `id` in `dir`. The id must be a
 /// segment id (32 hex digits): a peer cannot name any other file.
-fn read_segment_chunk(
-    dir: &std::path::Path,
-    id: &str,
-    offset: u64,
-    len: u32,
-) -> Result<RaftReply, String> {
+fn read_segment_chunk(dir: &std::path::Path, id: &str, offset: u64, len: u32) -> Result<RaftReply> {
     use std::os::unix::fs::FileExt;
     if id.len() != 32 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(format!("{id:?} is not a segment id"));
+        return Err(Error::NotASegmentId { id: id.to_owned() });
     }
     let path = dir.join(crate::segment::file_name(id));
-    let file = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let file_len = file.metadata().map_err(|e| e.to_string())?.len();
-    let len = u64::from(len.min(SEGMENT_CHUNK_BYTES)).min(file_len.saturating_sub(offset));
-    let mut bytes = vec![0; len as usize];
-    file.read_exact_at(&mut bytes, offset)
-        .map_err(|e| e.to_string())?;
-    Ok(RaftReply::Segment { bytes, file_len })
+    let read = || {
+        let file = std::fs::File::open(&path)?;
+        let file_len = file.metadata()?.len();
+        let len = u64::from(len.min(SEGMENT_CHUNK_BYTES)).min(file_len.saturating_sub(offset));
+        let mut bytes = vec![0; len as usize];
+        file.read_exact_at(&mut bytes, offset)?;
+        Ok(RaftReply::Segment { bytes, file_len })
+    };
+    read().map_err(|source| Error::Io { path, source })
 }
 
 /// openraft-multi router over [`Peers`]: one per node, shared by every group.
@@ -241,21 +298,18 @@ impl<P: Peers> Router<P> {
     ) -> Result<T, RPCError<C>> {
         let ttl = option.hard_ttl().max(CONTROL_TIMEOUT_MIN);
         match tokio::time::timeout(ttl, self.rpc(target, group, Lane::Control, rpc)).await {
-            Err(_) => Err(unreachable(format!(
-                "{what} to replica {target} timed out after {ttl:?}"
-            ))),
-            Ok(Ok(RaftReply::Refused(e)) | Err(e)) => Err(unreachable(e)),
+            Err(_) => Err(unreachable(Error::TimedOut {
+                what: what.to_owned(),
+                target,
+                ttl,
+            })),
+            Ok(Ok(RaftReply::Refused(reason))) => Err(unreachable(Error::Refused { reason })),
+            Ok(Err(e)) => Err(unreachable(e)),
             Ok(Ok(reply)) => pick(reply).ok_or_else(|| unexpected(what)),
         }
     }
 
-    async fn rpc(
-        &self,
-        target: u64,
-        group: u64,
-        lane: Lane,
-        rpc: RaftRpc,
-    ) -> Result<RaftReply, String> {
+    async fn rpc(&self, target: u64, group: u64, lane: Lane, rpc: RaftRpc) -> Result<RaftReply> {
         let bytes = self
             .peers
             .call(node_of(target), group, target, lane, encode_msg(rpc))
@@ -264,25 +318,14 @@ impl<P: Peers> Router<P> {
     }
 }
 
-#[derive(Debug)]
-struct PeerError(String);
-
-impl std::fmt::Display for PeerError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for PeerError {}
-
-fn unreachable(e: String) -> RPCError<C> {
-    RPCError::Unreachable(Unreachable::new(&PeerError(e)))
+fn unreachable(e: Error) -> RPCError<C> {
+    RPCError::Unreachable(Unreachable::new(&e))
 }
 
 fn unexpected(what: &str) -> RPCError<C> {
-    RPCError::Network(NetworkError::new(&PeerError(format!(
-        "unexpected reply to {what}"
-    ))))
+    RPCError::Network(NetworkError::new(&Error::UnexpectedReply {
+        what: what.to_owned(),
+    }))
 }
 
 impl<P: Peers> GroupRouter<C, u64> for Router<P> {
@@ -370,8 +413,9 @@ impl<P: Peers> GroupRouter<C, u64> for Router<P> {
             closed = cancel => Err(StreamingError::Closed(closed)),
             reply = send => match reply {
                 Ok(RaftReply::Snapshot(r)) => Ok(r),
-                Ok(RaftReply::Refused(e)) | Err(e) => Err(StreamingError::Unreachable(Unreachable::new(&PeerError(e)))),
-                Ok(_) => Err(StreamingError::Network(NetworkError::new(&PeerError("unexpected reply to snapshot".into())))),
+                Ok(RaftReply::Refused(reason)) => Err(StreamingError::Unreachable(Unreachable::new(&Error::Refused { reason }))),
+                Err(e) => Err(StreamingError::Unreachable(Unreachable::new(&e))),
+                Ok(_) => Err(StreamingError::Network(NetworkError::new(&Error::UnexpectedReply { what: "snapshot".into() }))),
             },
         }
     }
@@ -388,9 +432,10 @@ impl<P: Peers> GroupRouter<C, u64> for Router<P> {
             .await
         {
             Ok(RaftReply::TransferLeader(Ok(()))) => Ok(Ok(())),
-            Ok(RaftReply::TransferLeader(Err(e))) | Ok(RaftReply::Refused(e)) | Err(e) => {
-                Err(unreachable(e))
+            Ok(RaftReply::TransferLeader(Err(reason)) | RaftReply::Refused(reason)) => {
+                Err(unreachable(Error::Refused { reason }))
             }
+            Err(e) => Err(unreachable(e)),
             Ok(_) => Err(unexpected("transfer-leader")),
         }
     }
@@ -402,7 +447,7 @@ impl<P: Peers> GroupRouter<C, u64> for Router<P> {
 pub async fn dispatch(raft: &TabletRaft, segment_dir: &std::path::Path, body: &[u8]) -> Bytes {
     let rpc: RaftRpc = match decode_msg("raft rpc", body) {
         Ok(rpc) => rpc,
-        Err(e) => return encode_msg(RaftReply::Refused(e)),
+        Err(e) => return encode_msg(RaftReply::Refused(e.to_string())),
     };
     let reply = match rpc {
         RaftRpc::Append(r) => raft
@@ -440,8 +485,9 @@ pub async fn dispatch(raft: &TabletRaft, segment_dir: &std::path::Path, body: &[
             let dir = segment_dir.to_path_buf();
             tokio::task::spawn_blocking(move || read_segment_chunk(&dir, &id, offset, len))
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(Error::from)
                 .and_then(|r| r)
+                .map_err(|e| e.to_string())
         }
     };
     encode_msg(reply.unwrap_or_else(RaftReply::Refused))
@@ -486,7 +532,7 @@ mod tests {
     use crate::segment::file_name;
 
     /// What the fake peer does to its answers.
-    #[derive(Clone, Copy, PartialEq)]
+    #[derive(Clone, Copy, PartialEq, Debug)]
     enum Fault {
         None,
         FlipByteInSecondChunk,
@@ -508,7 +554,9 @@ mod tests {
         fn call(&self, _: u64, _: u64, _: u64, _: Lane, body: Bytes) -> CallFuture<'_> {
             Box::pin(async move {
                 let RaftRpc::FetchSegment { offset, .. } = decode_msg("fetch", &body)? else {
-                    return Err("not a fetch".into());
+                    return Err(Error::Refused {
+                        reason: "not a fetch".into(),
+                    });
                 };
                 let n = self.calls.fetch_add(1, Ordering::SeqCst);
                 let at = offset as usize;
@@ -595,12 +643,62 @@ mod tests {
             };
             let fetch = fetch_segment(&peer, 2, 7, 9, &id, bytes.len() as u64, dir.path());
             let result = tokio::time::timeout(std::time::Duration::from_millis(500), fetch).await;
-            match fault {
+            match (fault, result) {
                 // Dropped mid-fetch: the part file goes with it.
-                Fault::HangOnSecondChunk => assert!(result.is_err()),
-                _ => assert!(matches!(result, Ok(Err(_))), "fault accepted"),
+                (Fault::HangOnSecondChunk, result) => assert!(result.is_err()),
+                (Fault::RefuseSecondChunk, Ok(Err(Error::Refused { reason }))) => {
+                    assert_eq!(reason, "gone")
+                }
+                (
+                    Fault::FlipByteInSecondChunk | Fault::LieAboutLength,
+                    Ok(Err(Error::Segment(_))),
+                ) => {}
+                (_, Ok(Err(e))) => panic!("{fault:?} failed with the wrong error: {e}"),
+                (_, Ok(Ok(_))) => panic!("{fault:?} accepted"),
+                (_, Err(_)) => panic!("{fault:?} hung"),
             }
             assert!(files(dir.path()).is_empty(), "left {:?}", files(dir.path()));
         }
+    }
+
+    #[test]
+    fn a_chunk_request_names_a_segment_or_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        for id in ["../catalog.redb", "", "0123456789abcdef0123456789abcdeg"] {
+            match read_segment_chunk(dir.path(), id, 0, 10) {
+                Err(Error::NotASegmentId { id: got }) => assert_eq!(got, id),
+                Err(e) => panic!("{id:?}: {e}"),
+                Ok(_) => panic!("{id:?}: read"),
+            }
+        }
+        // A well-formed id of a segment that is not here.
+        let id = "0123456789abcdef0123456789abcdef";
+        match read_segment_chunk(dir.path(), id, 0, 10) {
+            Err(Error::Io { path, source }) => {
+                assert_eq!(path, dir.path().join(file_name(id)));
+                assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
+            }
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("read a missing segment"),
+        }
+    }
+
+    #[test]
+    fn messages_of_another_envelope_version_are_refused() {
+        let future = Bytes::from(encode(&Envelope {
+            v: RPC_V + 1,
+            msg: RaftReply::Refused("x".into()),
+        }));
+        match decode_msg::<RaftReply>("raft reply", &future) {
+            Err(Error::Version { what, version }) => {
+                assert_eq!((what.as_str(), version), ("raft reply", RPC_V + 1))
+            }
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("decoded a message of another version"),
+        }
+        assert!(matches!(
+            decode_msg::<RaftReply>("raft reply", b"\xff"),
+            Err(Error::Decode(_))
+        ));
     }
 }

@@ -14,6 +14,7 @@
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
+use super::Damage;
 use super::format::{
     BLOOM_BITS_PER_KEY, BLOOM_HASHES, BLOOM_HASHES_MAX, BLOOM_SEED_1, BLOOM_SEED_2, BloomV1,
 };
@@ -78,23 +79,22 @@ impl Bloom {
     }
 
     /// Validates a stored filter; `Err` names what is wrong.
-    pub fn from_stored(stored: BloomV1) -> Result<Self, String> {
+    pub fn from_stored(stored: BloomV1) -> Result<Self, Damage> {
         if stored.bits_len == 0 || !stored.bits_len.is_multiple_of(8) {
-            return Err(format!(
-                "bloom bits_len {} is not a positive multiple of 8",
-                stored.bits_len
-            ));
+            return Err(Damage::BloomBitsLen {
+                bits_len: stored.bits_len,
+            });
         }
         if stored.bits.len() as u64 != stored.bits_len / 8 {
-            return Err(format!(
-                "bloom has {} bytes, bits_len {} needs {}",
-                stored.bits.len(),
-                stored.bits_len,
-                stored.bits_len / 8
-            ));
+            return Err(Damage::BloomBytes {
+                bytes: stored.bits.len(),
+                bits_len: stored.bits_len,
+            });
         }
         if stored.hashes == 0 || stored.hashes > BLOOM_HASHES_MAX {
-            return Err(format!("bloom hash count {} out of range", stored.hashes));
+            return Err(Damage::BloomHashes {
+                hashes: stored.hashes,
+            });
         }
         Ok(Self {
             bits_len: stored.bits_len,
@@ -155,14 +155,35 @@ mod tests {
     #[test]
     fn rejects_bad_stored_filters() {
         let good = Bloom::with_keys(3).to_stored();
-        let mut b = good.clone();
-        b.bits_len = 0;
-        assert!(Bloom::from_stored(b).is_err());
-        let mut b = good.clone();
-        b.bits_len += 8;
-        assert!(Bloom::from_stored(b).is_err());
-        let mut b = good;
-        b.hashes = 0;
-        assert!(Bloom::from_stored(b).is_err());
+        assert_eq!(good.bits_len, 64);
+        let check = |mutate: &dyn Fn(&mut BloomV1), want: Damage| {
+            let mut b = good.clone();
+            mutate(&mut b);
+            assert_eq!(Bloom::from_stored(b), Err(want));
+        };
+        check(&|b| b.bits_len = 0, Damage::BloomBitsLen { bits_len: 0 });
+        check(&|b| b.bits_len = 63, Damage::BloomBitsLen { bits_len: 63 });
+        check(
+            &|b| b.bits_len += 8,
+            Damage::BloomBytes {
+                bytes: 8,
+                bits_len: 72,
+            },
+        );
+        check(&|b| b.hashes = 0, Damage::BloomHashes { hashes: 0 });
+        check(
+            &|b| b.hashes = BLOOM_HASHES_MAX + 1,
+            Damage::BloomHashes {
+                hashes: BLOOM_HASHES_MAX + 1,
+            },
+        );
+        assert_eq!(
+            Damage::BloomBytes {
+                bytes: 8,
+                bits_len: 72
+            }
+            .to_string(),
+            "bloom has 8 bytes, bits_len 72 needs 9"
+        );
     }
 }

@@ -32,7 +32,7 @@ mod tests;
 
 use std::path::Path;
 
-pub use error::{Error, Result};
+pub use error::{Damage, Error, Result};
 pub use incoming::{Incoming, PART_SUFFIX};
 pub use reader::{RangeRead, SegmentReader};
 pub use writer::encode;

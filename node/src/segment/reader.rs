@@ -13,7 +13,8 @@ use xxhash_rust::xxh3::Xxh3;
 use super::block::decode_rows;
 use super::bloom::Bloom;
 use super::format::*;
-use super::{Error, Result, Row, SegmentHeader, SegmentStats};
+use super::{Damage, Error, Result, Row, SegmentHeader, SegmentStats};
+use crate::fixed;
 
 /// Bytes read at a time when hashing a whole file.
 const HASH_CHUNK_BYTES: usize = 1 << 20;
@@ -55,14 +56,6 @@ pub struct SegmentReader {
     footer_offset: u64,
     file_xxh3: u64,
     row_schema: u32,
-}
-
-fn u32_at(buf: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(buf[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn u64_at(buf: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(buf[at..at + 8].try_into().expect("8 bytes"))
 }
 
 impl SegmentReader {
@@ -366,8 +359,10 @@ impl SegmentReader {
             BLOCK_CRC_LEN + meta.compressed_len as usize,
             "reading a block",
         )?;
-        let (crc, frame) = bytes.split_at(BLOCK_CRC_LEN);
-        let stored = u32_at(crc, 0);
+        let Some((crc, frame)) = bytes.split_first_chunk::<BLOCK_CRC_LEN>() else {
+            return Err(self.corrupt(at, format!("block {i} is shorter than its crc32c")));
+        };
+        let stored = fixed::u32_le_in::<0, BLOCK_CRC_LEN>(crc);
         let actual = crc32c::crc32c(frame);
         if stored != actual {
             return Err(self.corrupt(
@@ -395,37 +390,34 @@ impl SegmentReader {
     }
 
     /// Invariants re-asserted after reading (TigerBeetle style).
-    fn check_block_rows(&self, i: usize, rows: &[Row]) -> Result<(), String> {
+    fn check_block_rows(&self, i: usize, rows: &[Row]) -> Result<(), Damage> {
         let meta = &self.blocks[i];
         let (Some(first), Some(last)) = (rows.first(), rows.last()) else {
-            return Err("no rows".into());
+            return Err(Damage::NoRows);
         };
         if (first.namespace.as_str(), first.key.as_slice())
             != (meta.first_namespace.as_str(), meta.first_key.as_slice())
             || (last.namespace.as_str(), last.key.as_slice())
                 != (meta.last_namespace.as_str(), meta.last_key.as_slice())
         {
-            return Err("first or last key differs from the block index".into());
+            return Err(Damage::BlockKeys);
         }
         if rows
             .windows(2)
             .any(|w| w[0].order_key() >= w[1].order_key())
         {
-            return Err("rows are not strictly sorted".into());
+            return Err(Damage::RowsUnsorted);
         }
         let ts_min = rows.iter().map(|r| r.ts).min().unwrap_or(0);
         let ts_max = rows.iter().map(|r| r.ts).max().unwrap_or(0);
         if (ts_min, ts_max) != (meta.ts_min, meta.ts_max) {
-            return Err("ts range differs from the block index".into());
+            return Err(Damage::BlockTsRange);
         }
         if let Some(r) = rows
             .iter()
             .find(|r| r.index < self.header.log_first || r.index > self.header.log_last)
         {
-            return Err(format!(
-                "row index {} outside the header's log range",
-                r.index
-            ));
+            return Err(Damage::RowOutsideLog { index: r.index });
         }
         Ok(())
     }
@@ -464,7 +456,9 @@ impl SegmentReader {
                 format!("file of {file_len} bytes is too short (truncated?)"),
             ));
         }
-        let version = u32_at(&prologue, PROLOGUE_VERSION_OFFSET);
+        let prologue = fixed::array::<PROLOGUE_LEN>(&prologue, 0)
+            .map_err(|e| corrupt(0, format!("prologue: {e}")))?;
+        let version = fixed::u32_le_in::<PROLOGUE_VERSION_OFFSET, PROLOGUE_LEN>(prologue);
         if version != FORMAT_VERSION {
             return Err(Error::UnknownVersion {
                 file: path.to_owned(),
@@ -472,7 +466,8 @@ impl SegmentReader {
                 supported: FORMAT_VERSION,
             });
         }
-        let header_len = u32_at(&prologue, PROLOGUE_HEADER_LEN_OFFSET) as usize;
+        let header_len =
+            fixed::u32_le_in::<PROLOGUE_HEADER_LEN_OFFSET, PROLOGUE_LEN>(prologue) as usize;
         let header_end = (PROLOGUE_LEN + header_len) as u64;
         if header_len > HEADER_BYTES_MAX || header_end + TRAILER_LEN as u64 > file_len {
             return Err(corrupt(
@@ -491,7 +486,7 @@ impl SegmentReader {
             crc32c::crc32c(&prologue[..PROLOGUE_CRC_COVERED]),
             &header_bytes,
         );
-        if header_crc != u32_at(&prologue, PROLOGUE_HEADER_CRC_OFFSET) {
+        if header_crc != fixed::u32_le_in::<PROLOGUE_HEADER_CRC_OFFSET, PROLOGUE_LEN>(prologue) {
             return Err(corrupt(
                 PROLOGUE_LEN as u64,
                 "header crc32c mismatch".into(),
@@ -506,17 +501,22 @@ impl SegmentReader {
 
         let trailer_at = file_len - TRAILER_LEN as u64;
         let trailer = read_at(&file, path, trailer_at, TRAILER_LEN, "reading the trailer")?;
+        let trailer = fixed::array::<TRAILER_LEN>(&trailer, 0)
+            .map_err(|e| corrupt(trailer_at, format!("trailer: {e}")))?;
         if trailer[TRAILER_MAGIC_OFFSET..] != TRAILER_MAGIC {
             return Err(corrupt(
                 trailer_at,
                 "trailing magic missing (truncated or damaged)".into(),
             ));
         }
-        if crc32c::crc32c(&trailer[..TRAILER_CRC_OFFSET]) != u32_at(&trailer, TRAILER_CRC_OFFSET) {
+        if crc32c::crc32c(&trailer[..TRAILER_CRC_OFFSET])
+            != fixed::u32_le_in::<TRAILER_CRC_OFFSET, TRAILER_LEN>(trailer)
+        {
             return Err(corrupt(trailer_at, "trailer crc32c mismatch".into()));
         }
-        let footer_offset = u64_at(&trailer, TRAILER_FOOTER_OFFSET_OFFSET);
-        let footer_len = u32_at(&trailer, TRAILER_FOOTER_LEN_OFFSET) as usize;
+        let footer_offset = fixed::u64_le_in::<TRAILER_FOOTER_OFFSET_OFFSET, TRAILER_LEN>(trailer);
+        let footer_len =
+            fixed::u32_le_in::<TRAILER_FOOTER_LEN_OFFSET, TRAILER_LEN>(trailer) as usize;
         if footer_offset < header_end
             || footer_len > FOOTER_BYTES_MAX
             || footer_offset.checked_add(footer_len as u64) != Some(trailer_at)
@@ -527,16 +527,19 @@ impl SegmentReader {
             ));
         }
         let footer_bytes = read_at(&file, path, footer_offset, footer_len, "reading the footer")?;
-        if crc32c::crc32c(&footer_bytes) != u32_at(&trailer, TRAILER_FOOTER_CRC_OFFSET) {
+        if crc32c::crc32c(&footer_bytes)
+            != fixed::u32_le_in::<TRAILER_FOOTER_CRC_OFFSET, TRAILER_LEN>(trailer)
+        {
             return Err(corrupt(footer_offset, "footer crc32c mismatch".into()));
         }
         let footer: FooterV1 = ciborium::from_reader(footer_bytes.as_slice())
             .map_err(|e| corrupt(footer_offset, format!("footer is not valid CBOR: {e}")))?;
 
-        check_header(&header).map_err(|e| corrupt(PROLOGUE_LEN as u64, e))?;
+        check_header(&header).map_err(|e| corrupt(PROLOGUE_LEN as u64, e.to_string()))?;
         check_footer(&header, &footer, header_end, footer_offset)
-            .map_err(|e| corrupt(footer_offset, e))?;
-        let bloom = Bloom::from_stored(footer.bloom).map_err(|e| corrupt(footer_offset, e))?;
+            .map_err(|e| corrupt(footer_offset, e.to_string()))?;
+        let bloom =
+            Bloom::from_stored(footer.bloom).map_err(|e| corrupt(footer_offset, e.to_string()))?;
 
         Ok(Self {
             path: path.to_owned(),
@@ -560,7 +563,7 @@ impl SegmentReader {
             bloom,
             header_end,
             footer_offset,
-            file_xxh3: u64_at(&trailer, TRAILER_FILE_XXH3_OFFSET),
+            file_xxh3: fixed::u64_le_in::<TRAILER_FILE_XXH3_OFFSET, TRAILER_LEN>(trailer),
             row_schema: header.row_schema,
         })
     }
@@ -650,15 +653,17 @@ fn read_at(
     })
 }
 
-fn check_header(h: &HeaderV1) -> Result<(), String> {
+fn check_header(h: &HeaderV1) -> Result<(), Damage> {
     if !(ROW_SCHEMA_MIN..=ROW_SCHEMA).contains(&h.row_schema) {
-        return Err(format!("unknown row schema {}", h.row_schema));
+        return Err(Damage::UnknownRowSchema {
+            schema: h.row_schema,
+        });
     }
     if u64::from(h.vshard_lo) >= h.vshard_hi || h.vshard_hi > 1 << 32 {
-        return Err(format!(
-            "bad vshard range [{}, {})",
-            h.vshard_lo, h.vshard_hi
-        ));
+        return Err(Damage::VshardRange {
+            lo: h.vshard_lo,
+            hi: h.vshard_hi,
+        });
     }
     if h.log_first > h.log_last
         || h.rows == 0
@@ -666,7 +671,7 @@ fn check_header(h: &HeaderV1) -> Result<(), String> {
         || h.keys > h.rows
         || h.ts_min > h.ts_max
     {
-        return Err("inconsistent header ranges or counts".into());
+        return Err(Damage::HeaderCounts);
     }
     Ok(())
 }
@@ -678,53 +683,54 @@ fn check_footer(
     f: &FooterV1,
     header_end: u64,
     footer_offset: u64,
-) -> Result<(), String> {
+) -> Result<(), Damage> {
     if (f.rows, f.keys, f.ts_min, f.ts_max) != (h.rows, h.keys, h.ts_min, h.ts_max) {
-        return Err("footer stats differ from the header".into());
+        return Err(Damage::FooterStats);
     }
     if f.index_min < h.log_first || f.index_max > h.log_last || f.index_min > f.index_max {
-        return Err("footer index range outside the header's log range".into());
+        return Err(Damage::FooterIndexRange);
     }
     let (Some(first), Some(last)) = (f.blocks.first(), f.blocks.last()) else {
-        return Err("no blocks".into());
+        return Err(Damage::NoBlocks);
     };
     if (first.first_namespace.as_str(), first.first_key.as_slice())
         != (f.first_namespace.as_str(), f.first_key.as_slice())
         || (last.last_namespace.as_str(), last.last_key.as_slice())
             != (f.last_namespace.as_str(), f.last_key.as_slice())
     {
-        return Err("footer first/last key differs from the block index".into());
+        return Err(Damage::FooterKeys);
     }
     let mut expected = header_end;
     let mut rows = 0u64;
     let (mut ts_min, mut ts_max) = (u64::MAX, 0);
     for (i, b) in f.blocks.iter().enumerate() {
         if b.offset != expected {
-            return Err(format!(
-                "block {i} at {} but the previous one ends at {expected}",
-                b.offset
-            ));
+            return Err(Damage::BlockGap {
+                block: i,
+                offset: b.offset,
+                expected,
+            });
         }
         if b.compressed_len == 0
             || b.uncompressed_len > BLOCK_UNCOMPRESSED_BYTES_MAX as u64
             || b.rows == 0
         {
-            return Err(format!("block {i} has impossible sizes"));
+            return Err(Damage::BlockSizes { block: i });
         }
         expected = b
             .offset
             .checked_add(BLOCK_CRC_LEN as u64 + b.compressed_len)
             .filter(|end| *end <= footer_offset)
-            .ok_or_else(|| format!("block {i} runs past the footer"))?;
+            .ok_or(Damage::BlockPastFooter { block: i })?;
         let bfirst = (b.first_namespace.as_str(), b.first_key.as_slice());
         let blast = (b.last_namespace.as_str(), b.last_key.as_slice());
         if bfirst > blast || b.ts_min > b.ts_max {
-            return Err(format!("block {i} has reversed ranges"));
+            return Err(Damage::BlockReversed { block: i });
         }
         if i > 0 {
             let prev = &f.blocks[i - 1];
             if (prev.last_namespace.as_str(), prev.last_key.as_slice()) > bfirst {
-                return Err(format!("block {i} starts before block {} ends", i - 1));
+                return Err(Damage::BlockOverlap { block: i });
             }
         }
         rows = rows.saturating_add(b.rows);
@@ -732,12 +738,13 @@ fn check_footer(
         ts_max = ts_max.max(b.ts_max);
     }
     if expected != footer_offset {
-        return Err(format!(
-            "blocks end at {expected}, the footer starts at {footer_offset}"
-        ));
+        return Err(Damage::BlocksEnd {
+            end: expected,
+            footer_offset,
+        });
     }
     if rows != h.rows || (ts_min, ts_max) != (h.ts_min, h.ts_max) {
-        return Err("block index totals differ from the header".into());
+        return Err(Damage::IndexTotals);
     }
     Ok(())
 }

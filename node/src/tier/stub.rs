@@ -21,15 +21,70 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::fixed;
 use crate::segment::{RangeRead, SegmentReader};
 
 const MAGIC: &[u8; 8] = b"STELSTUB";
 const VERSION: u32 = 1;
+const OFF_VERSION: usize = 8;
+const OFF_FILE_LEN: usize = 12;
+const OFF_HEAD_LEN: usize = 20;
+const OFF_TAIL_OFFSET: usize = 24;
+const OFF_TAIL_LEN: usize = 32;
 /// magic, version, file_len, head_len, tail_offset, tail_len.
 const FIXED: usize = 8 + 4 + 8 + 4 + 8 + 4;
+const CRC_BYTES: usize = 4;
 /// Larger stubs are refused unread (a segment's footer is bounded well
 /// below this; see `segment::format::FOOTER_BYTES_MAX`).
 const STUB_BYTES_MAX: u64 = 256 << 20;
+
+/// Why a stub cannot be used. Each is a reason to remove it and read the
+/// object instead: a stub is a cache.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{}: {source}", .path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {bytes} bytes is too large", .path.display())]
+    TooLarge { path: PathBuf, bytes: u64 },
+    #[error("{}: {damage}", .path.display())]
+    Damaged {
+        path: PathBuf,
+        #[source]
+        damage: Damage,
+    },
+}
+
+/// Why bytes are not the stub of the segment the catalog names.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Damage {
+    #[error("{bytes} bytes is too short")]
+    TooShort { bytes: usize },
+    #[error("bad magic")]
+    BadMagic,
+    #[error("crc32c mismatch")]
+    Checksum,
+    #[error("unknown version {version}")]
+    UnknownVersion { version: u32 },
+    #[error("stub of a {stub_len}-byte segment, the catalog's is {file_len} bytes")]
+    OtherLength { stub_len: u64, file_len: u64 },
+    #[error(
+        "ranges [0, {head_len}) and [{tail_offset}, +{tail_len}) do not fit a \
+         {file_len}-byte segment in {bytes} bytes"
+    )]
+    Ranges {
+        head_len: usize,
+        tail_offset: u64,
+        tail_len: usize,
+        file_len: u64,
+        bytes: usize,
+    },
+    #[error(transparent)]
+    Field(#[from] fixed::Error),
+}
 
 /// File name of a segment's stub: `<id>.stub`.
 pub fn file_name(id: &str) -> String {
@@ -79,41 +134,40 @@ impl Stub {
 
     /// Decodes a stub of a segment of `file_len` bytes (the catalog's
     /// length), checking its framing: the reader checks the contents.
-    pub fn decode(bytes: &[u8], file_len: u64) -> Result<Stub, String> {
-        if bytes.len() < FIXED + 4 {
-            return Err(format!("{} bytes is too short", bytes.len()));
+    pub fn decode(bytes: &[u8], file_len: u64) -> Result<Stub, Damage> {
+        if bytes.len() < FIXED + CRC_BYTES {
+            return Err(Damage::TooShort { bytes: bytes.len() });
         }
         if &bytes[..8] != MAGIC {
-            return Err("bad magic".into());
+            return Err(Damage::BadMagic);
         }
-        let (body, crc) = bytes.split_at(bytes.len() - 4);
-        if crc32c::crc32c(body) != u32::from_le_bytes(crc.try_into().expect("4 bytes")) {
-            return Err("crc32c mismatch".into());
+        let (body, crc) = bytes.split_at(bytes.len() - CRC_BYTES);
+        if crc32c::crc32c(body) != fixed::u32_le(crc, 0)? {
+            return Err(Damage::Checksum);
         }
-        let u32_at = |at: usize| u32::from_le_bytes(body[at..at + 4].try_into().expect("4"));
-        let u64_at = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().expect("8"));
-        let version = u32_at(8);
+        let fields = fixed::array::<FIXED>(body, 0)?;
+        let version = fixed::u32_le_in::<OFF_VERSION, FIXED>(fields);
         if version != VERSION {
-            return Err(format!("unknown version {version}"));
+            return Err(Damage::UnknownVersion { version });
         }
-        let stub_len = u64_at(12);
-        let head_len = u32_at(20) as usize;
-        let tail_offset = u64_at(24);
-        let tail_len = u32_at(32) as usize;
+        let stub_len = fixed::u64_le_in::<OFF_FILE_LEN, FIXED>(fields);
+        let head_len = fixed::u32_le_in::<OFF_HEAD_LEN, FIXED>(fields) as usize;
+        let tail_offset = fixed::u64_le_in::<OFF_TAIL_OFFSET, FIXED>(fields);
+        let tail_len = fixed::u32_le_in::<OFF_TAIL_LEN, FIXED>(fields) as usize;
         if stub_len != file_len {
-            return Err(format!(
-                "stub of a {stub_len}-byte segment, the catalog's is {file_len} bytes"
-            ));
+            return Err(Damage::OtherLength { stub_len, file_len });
         }
         if FIXED + head_len + tail_len != body.len()
             || head_len as u64 > tail_offset
             || tail_offset.checked_add(tail_len as u64) != Some(file_len)
         {
-            return Err(format!(
-                "ranges [0, {head_len}) and [{tail_offset}, +{tail_len}) do not fit a \
-                 {file_len}-byte segment in {} bytes",
-                bytes.len()
-            ));
+            return Err(Damage::Ranges {
+                head_len,
+                tail_offset,
+                tail_len,
+                file_len,
+                bytes: bytes.len(),
+            });
         }
         Ok(Stub {
             file_len,
@@ -139,20 +193,24 @@ impl Stub {
 
 /// Reads `dir/<id>.stub`: `Ok(None)` when there is none, `Err` when it
 /// exists and is unusable.
-pub fn read(dir: &Path, id: &str, file_len: u64) -> Result<Option<Stub>, String> {
+pub fn read(dir: &Path, id: &str, file_len: u64) -> Result<Option<Stub>, Error> {
     let path = path(dir, id);
     let len = match std::fs::metadata(&path) {
         Ok(m) => m.len(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
+        Err(source) => return Err(Error::Io { path, source }),
     };
     if len > STUB_BYTES_MAX {
-        return Err(format!("{}: {len} bytes is too large", path.display()));
+        return Err(Error::TooLarge { path, bytes: len });
     }
-    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    Stub::decode(&bytes, file_len)
-        .map(Some)
-        .map_err(|e| format!("{}: {e}", path.display()))
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(source) => return Err(Error::Io { path, source }),
+    };
+    match Stub::decode(&bytes, file_len) {
+        Ok(stub) => Ok(Some(stub)),
+        Err(damage) => Err(Error::Damaged { path, damage }),
+    }
 }
 
 /// Publishes `dir/<id>.stub` durably (write, fsync, rename, fsync dir).
@@ -224,9 +282,18 @@ mod tests {
     #[test]
     fn a_damaged_or_foreign_stub_is_refused() {
         let bytes = stub().encode();
-        assert!(Stub::decode(&bytes, 101).unwrap_err().contains("catalog"));
-        assert!(Stub::decode(&bytes[..20], 100).is_err());
-        assert!(Stub::decode(&[], 100).is_err());
+        assert_eq!(
+            Stub::decode(&bytes, 101),
+            Err(Damage::OtherLength {
+                stub_len: 100,
+                file_len: 101
+            })
+        );
+        assert_eq!(
+            Stub::decode(&bytes[..20], 100),
+            Err(Damage::TooShort { bytes: 20 })
+        );
+        assert_eq!(Stub::decode(&[], 100), Err(Damage::TooShort { bytes: 0 }));
         for at in [0, 9, 14, 22, 30, 40, bytes.len() - 1] {
             let mut bad = bytes.clone();
             bad[at] ^= 0x40;
@@ -235,11 +302,9 @@ mod tests {
         // Framing that lies about its ranges, with a crc to match.
         let mut lying = stub();
         lying.tail_offset = 70;
-        assert!(
-            Stub::decode(&lying.encode(), 100)
-                .unwrap_err()
-                .contains("do not fit")
-        );
+        let err = Stub::decode(&lying.encode(), 100).unwrap_err();
+        assert!(matches!(err, Damage::Ranges { .. }), "{err}");
+        assert!(err.to_string().contains("do not fit"), "{err}");
     }
 
     #[test]
@@ -252,7 +317,21 @@ mod tests {
         let big = std::fs::File::create(path(dir.path(), "s2")).unwrap();
         big.set_len(STUB_BYTES_MAX + 1).unwrap();
         let err = read(dir.path(), "s2", 100).unwrap_err();
-        assert!(err.contains("too large"), "{err}");
+        assert!(matches!(err, Error::TooLarge { .. }), "{err}");
+        assert!(err.to_string().contains("too large"), "{err}");
+        // A stub of another length of segment is refused, naming its file.
+        let err = read(dir.path(), "s1", 101).unwrap_err();
+        match &err {
+            Error::Damaged { path: p, damage } => {
+                assert_eq!(p, &path(dir.path(), "s1"));
+                assert!(matches!(damage, Damage::OtherLength { .. }), "{damage}");
+            }
+            other => panic!("{other}"),
+        }
+        assert!(
+            err.to_string()
+                .starts_with(&*path(dir.path(), "s1").to_string_lossy())
+        );
         remove(dir.path(), "s1");
         remove(dir.path(), "s1");
         assert_eq!(read(dir.path(), "s1", 100).unwrap(), None);

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use bytes::Bytes;
 use quinn::{ReadExactError, RecvStream, SendStream, VarInt};
 
-use super::error::{Error, RemoteError, Result};
+use super::error::{Error, RemoteError, Result, StreamError};
 use super::frame::{FrameError, FrameKind, HEADER_BYTES, Header, LANE_VERSION};
 use super::{Inner, MsgKind, Request, lane};
 
@@ -31,7 +31,7 @@ pub(super) fn priority(kind: MsgKind) -> i32 {
 #[derive(Debug)]
 pub(super) enum ReadFail {
     Frame(FrameError),
-    Stream(String),
+    Stream(StreamError),
 }
 
 impl From<FrameError> for ReadFail {
@@ -43,7 +43,7 @@ impl From<FrameError> for ReadFail {
 fn read_exact_fail(e: ReadExactError) -> ReadFail {
     match e {
         ReadExactError::FinishedEarly(_) => ReadFail::Frame(FrameError::Truncated),
-        ReadExactError::ReadError(e) => ReadFail::Stream(e.to_string()),
+        ReadExactError::ReadError(e) => ReadFail::Stream(e.into()),
     }
 }
 
@@ -96,7 +96,7 @@ async fn read_end(recv: &mut RecvStream) -> Result<(), ReadFail> {
     match recv.read(&mut probe).await {
         Ok(None) => Ok(()),
         Ok(Some(_)) => Err(ReadFail::Frame(FrameError::TrailingBytes)),
-        Err(e) => Err(ReadFail::Stream(e.to_string())),
+        Err(e) => Err(ReadFail::Stream(e.into())),
     }
 }
 
@@ -134,15 +134,13 @@ pub(super) async fn write_frame(
     header: Header,
     body: Bytes,
     inner: &Inner,
-) -> Result<(), String> {
-    send.write_all(&header.encode())
-        .await
-        .map_err(|e| e.to_string())?;
+) -> Result<(), StreamError> {
+    send.write_all(&header.encode()).await?;
     let n = body.len() as u64;
     if !body.is_empty() {
-        send.write_chunk(body).await.map_err(|e| e.to_string())?;
+        send.write_chunk(body).await?;
     }
-    send.finish().map_err(|e| e.to_string())?;
+    send.finish()?;
     inner
         .stats
         .bytes_out
@@ -157,8 +155,10 @@ pub(super) fn encode_remote_error(e: &RemoteError) -> Bytes {
     Bytes::from(out)
 }
 
-pub(super) fn decode_remote_error(body: &[u8]) -> Result<RemoteError, String> {
-    ciborium::from_reader(body).map_err(|e| format!("undecodable error body: {e}"))
+pub(super) fn decode_remote_error(body: &[u8]) -> Result<RemoteError, FrameError> {
+    ciborium::from_reader(body).map_err(|e| FrameError::ErrorBody {
+        reason: e.to_string(),
+    })
 }
 
 /// Sends `req` to `peer` on a new stream of `conn` and waits for the answer.
@@ -183,10 +183,10 @@ pub(super) async fn call_on(
     };
     write_frame(&mut send, header, req.body, inner)
         .await
-        .map_err(lost)?;
+        .map_err(|e| lost(e.to_string()))?;
     let (head, body) = match read_frame(&mut recv, inner.limits.message_bytes_max, inner).await {
         Ok(frame) => frame,
-        Err(ReadFail::Stream(reason)) => return Err(lost(reason)),
+        Err(ReadFail::Stream(e)) => return Err(lost(e.to_string())),
         Err(ReadFail::Frame(e)) => {
             inner.stats.rejected_frames.fetch_add(1, Ordering::Relaxed);
             return Err(Error::Protocol {
@@ -199,9 +199,12 @@ pub(super) async fn call_on(
         FrameKind::Ok => Ok(body),
         FrameKind::Err => match decode_remote_error(&body) {
             Ok(error) => Err(Error::Remote { peer, error }),
-            Err(reason) => {
+            Err(e) => {
                 inner.stats.rejected_frames.fetch_add(1, Ordering::Relaxed);
-                Err(Error::Protocol { peer, reason })
+                Err(Error::Protocol {
+                    peer,
+                    reason: e.to_string(),
+                })
             }
         },
         other => {

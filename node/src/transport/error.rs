@@ -88,3 +88,30 @@ pub enum RemoteError {
     #[error("receiver is shutting down")]
     ShuttingDown,
 }
+
+/// Why a stream stopped carrying frames: the stream or the connection under
+/// it failed (not the peer's bytes, which are a `FrameError`). Worth a
+/// retry on a new stream or connection.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error(transparent)]
+    Write(#[from] quinn::WriteError),
+    #[error(transparent)]
+    Closed(#[from] quinn::ClosedStream),
+    #[error(transparent)]
+    Read(#[from] quinn::ReadError),
+}
+
+/// Why an accepted connection has no node identity this node accepts: the
+/// connection is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    #[error("no peer certificate")]
+    NoCertificate,
+    #[error("peer identity is not a certificate chain")]
+    NotACertificateChain,
+    #[error("empty certificate chain")]
+    EmptyChain,
+    #[error(transparent)]
+    Certificate(#[from] crate::certs::Error),
+}

@@ -22,6 +22,8 @@
 //! pure: it encodes and decodes headers, and the stream code in `conn.rs`
 //! and `lane.rs` moves the bytes.
 
+use crate::fixed;
+
 pub const MAGIC: [u8; 2] = *b"SN";
 pub const VERSION: u8 = 1;
 pub const HEADER_BYTES: usize = 24;
@@ -110,6 +112,8 @@ pub enum FrameError {
     BadLaneVersion(u8),
     #[error("lane-open frame with a {0}-byte body instead of 1")]
     BadLaneOpen(u32),
+    #[error("undecodable error body: {reason}")]
+    ErrorBody { reason: String },
 }
 
 impl Header {
@@ -134,21 +138,14 @@ impl Header {
             return Err(FrameError::BadVersion(b[OFF_VERSION]));
         }
         let kind = FrameKind::from_u8(b[OFF_KIND]).ok_or(FrameError::BadKind(b[OFF_KIND]))?;
-        let u64_at = |off: usize| {
-            let mut x = [0u8; 8];
-            x.copy_from_slice(&b[off..off + 8]);
-            u64::from_le_bytes(x)
-        };
-        let mut len = [0u8; 4];
-        len.copy_from_slice(&b[OFF_LENGTH..]);
-        let length = u32::from_le_bytes(len);
+        let length = fixed::u32_le_in::<OFF_LENGTH, HEADER_BYTES>(b);
         if u64::from(length) > max_bytes {
             return Err(FrameError::TooLarge { length, max_bytes });
         }
         Ok(Header {
             kind,
-            group: u64_at(OFF_GROUP),
-            target: u64_at(OFF_TARGET),
+            group: fixed::u64_le_in::<OFF_GROUP, HEADER_BYTES>(b),
+            target: fixed::u64_le_in::<OFF_TARGET, HEADER_BYTES>(b),
             length,
         })
     }

@@ -46,9 +46,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::conn::{ReadFail, STREAM_PROTOCOL, answer_frame, decode_remote_error, priority};
-use super::error::{Error, RemoteError, Result};
+use super::error::{Error, RemoteError, Result, StreamError};
 use super::frame::{FrameError, FrameKind, HEADER_BYTES, Header, LANE_ID_BYTES, LANE_VERSION};
 use super::{Inner, MsgKind, Request};
+use crate::fixed;
 
 /// A writer stops gathering queued frames into its batch once the batch
 /// has this many bytes (a single frame may be larger).
@@ -230,8 +231,8 @@ async fn open(inner: &Arc<Inner>, peer: u64, conn: &quinn::Connection) -> Result
     let writer = {
         let (inner, lane) = (inner.clone(), lane.clone());
         async move {
-            if let Err(reason) = write_batches(&inner, &mut send, &mut queued, &lane.end).await {
-                lane.end(reason);
+            if let Err(e) = write_batches(&inner, &mut send, &mut queued, &lane.end).await {
+                lane.end(e.to_string());
             }
             // Whatever is still queued has no one to answer it.
             let _ = send.reset(STREAM_PROTOCOL);
@@ -262,7 +263,7 @@ async fn read_answers(inner: Arc<Inner>, lane: Arc<CallerLane>, recv: RecvStream
         let frame = match frame {
             Ok(Some(frame)) => frame,
             Ok(None) => break format!("node {peer} ended the control lane"),
-            Err(ReadFail::Stream(reason)) => break reason,
+            Err(ReadFail::Stream(e)) => break e.to_string(),
             Err(ReadFail::Frame(e)) => {
                 rejected();
                 break format!("bad frame on the control lane: {e}");
@@ -273,15 +274,21 @@ async fn read_answers(inner: Arc<Inner>, lane: Arc<CallerLane>, recv: RecvStream
             FrameKind::LaneErr => {
                 let answer = match decode_remote_error(&frame.body) {
                     Ok(error) => Error::Remote { peer, error },
-                    Err(reason) => {
+                    Err(e) => {
                         rejected();
-                        Error::Protocol { peer, reason }
+                        Error::Protocol {
+                            peer,
+                            reason: e.to_string(),
+                        }
                     }
                 };
                 lane.answer(frame.id, Err(answer));
             }
             FrameKind::Err => {
-                let why = decode_remote_error(&frame.body).map_or_else(|e| e, |e| e.to_string());
+                let why = match decode_remote_error(&frame.body) {
+                    Ok(error) => error.to_string(),
+                    Err(e) => e.to_string(),
+                };
                 break format!("node {peer} closed the control lane: {why}");
             }
             other => {
@@ -313,8 +320,8 @@ pub(super) async fn serve(inner: Arc<Inner>, peer: u64, send: SendStream, recv: 
         let (inner, end) = (inner.clone(), end.clone());
         let mut send = send;
         async move {
-            if let Err(reason) = write_batches(&inner, &mut send, &mut queued, &end).await {
-                tracing::debug!(peer, reason, "control lane answers failed");
+            if let Err(e) = write_batches(&inner, &mut send, &mut queued, &end).await {
+                tracing::debug!(peer, error = %e, "control lane answers failed");
                 end.cancel();
             }
         }
@@ -509,7 +516,7 @@ async fn write_batches(
     send: &mut SendStream,
     queued: &mut mpsc::Receiver<Outgoing>,
     end: &CancellationToken,
-) -> Result<(), String> {
+) -> Result<(), StreamError> {
     let mut slots = Vec::new();
     loop {
         let first = tokio::select! {
@@ -538,7 +545,7 @@ async fn write_batches(
         }
         let bytes = batch.len() as u64;
         tokio::select! {
-            written = send.write_chunk(batch.freeze()) => written.map_err(|e| e.to_string())?,
+            written = send.write_chunk(batch.freeze()) => written?,
             _ = end.cancelled() => return Ok(()),
         }
         slots.clear();
@@ -606,7 +613,7 @@ impl FrameReader {
                 }
                 Ok(None) if self.buf.is_empty() => return Ok(None),
                 Ok(None) => return Err(ReadFail::Frame(FrameError::Truncated)),
-                Err(e) => return Err(ReadFail::Stream(e.to_string())),
+                Err(e) => return Err(ReadFail::Stream(e.into())),
             }
         }
     }
@@ -637,16 +644,15 @@ impl FrameReader {
         }
         self.deadline = None;
         let mut frame = self.buf.split_to(frame_bytes).freeze();
-        let mut id = [0u8; LANE_ID_BYTES];
-        if id_bytes > 0 {
-            id.copy_from_slice(&frame[HEADER_BYTES..HEADER_BYTES + LANE_ID_BYTES]);
-        }
+        let id = if id_bytes > 0 {
+            // The length check above covers the id; a shortfall here is a
+            // frame the peer cut short.
+            fixed::u64_le(&frame, HEADER_BYTES).map_err(|_| FrameError::Truncated)?
+        } else {
+            0
+        };
         let body = frame.split_off(HEADER_BYTES + id_bytes);
-        Ok(Some(Frame {
-            header,
-            id: u64::from_le_bytes(id),
-            body,
-        }))
+        Ok(Some(Frame { header, id, body }))
     }
 
     /// Tells the peer this side reads no more.

@@ -63,7 +63,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use error::{Error, RemoteError, Result};
+pub use error::{Error, IdentityError, RemoteError, Result, StreamError};
 pub use frame::{FrameError, FrameKind, HEADER_BYTES, Header};
 pub use tls::ALPN;
 
@@ -544,7 +544,7 @@ impl Inner {
                     .fetch_add(1, Ordering::Relaxed);
                 Ok(self.install(peer, conn, true, head.target))
             }
-            FrameKind::Err if decode_remote_error(&body) == Ok(RemoteError::Duplicate) => {
+            FrameKind::Err if matches!(decode_remote_error(&body), Ok(RemoteError::Duplicate)) => {
                 self.stats
                     .connections_duplicate
                     .fetch_add(1, Ordering::Relaxed);
@@ -560,7 +560,7 @@ impl Inner {
                         peer: peer_id,
                         error,
                     },
-                    Err(reason) => fail(reason),
+                    Err(e) => fail(e.to_string()),
                 })
             }
             other => {
@@ -637,9 +637,9 @@ async fn accept_one(inner: Arc<Inner>, incoming: quinn::Incoming) {
     };
     let peer_id = match tls::peer_node_id(&conn) {
         Ok(id) => id,
-        Err(reason) => {
+        Err(e) => {
             conn.close(CLOSE_IDENTITY, b"no node name");
-            return refused(&reason, remote);
+            return refused(&e.to_string(), remote);
         }
     };
     let hello = tokio::time::timeout(inner.limits.connect_timeout, async {

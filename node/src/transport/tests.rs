@@ -300,6 +300,21 @@ impl RawClient {
     }
 }
 
+/// An `Err` body that is not a CBOR `RemoteError` is the peer breaking the
+/// frame protocol, a `FrameError`, not a refusal.
+#[test]
+fn an_undecodable_error_body_is_a_frame_error() {
+    let refusal = RemoteError::UnknownGroup { group: 3 };
+    assert_eq!(
+        conn::decode_remote_error(&conn::encode_remote_error(&refusal)).unwrap(),
+        refusal
+    );
+    match conn::decode_remote_error(b"\xff not cbor") {
+        Err(FrameError::ErrorBody { reason }) => assert!(!reason.is_empty()),
+        other => panic!("{other:?}"),
+    }
+}
+
 fn remote_error(answer: (Header, Bytes)) -> RemoteError {
     assert_eq!(answer.0.kind, FrameKind::Err);
     conn::decode_remote_error(&answer.1).unwrap()

@@ -11,7 +11,7 @@ use rustls::RootCertStore;
 use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::CertificateDer;
 
-use super::error::{Error, Result};
+use super::error::{Error, IdentityError, Result};
 use crate::certs::{self, NodeIdentity};
 
 pub const ALPN: &[u8] = b"stele-node/1";
@@ -72,15 +72,11 @@ pub fn client_config(
 }
 
 /// The node id in the verified client certificate of an accepted connection.
-pub fn peer_node_id(conn: &quinn::Connection) -> Result<u64, String> {
-    let identity = conn
-        .peer_identity()
-        .ok_or_else(|| "no peer certificate".to_string())?;
+pub fn peer_node_id(conn: &quinn::Connection) -> Result<u64, IdentityError> {
+    let identity = conn.peer_identity().ok_or(IdentityError::NoCertificate)?;
     let chain = identity
         .downcast::<Vec<CertificateDer<'static>>>()
-        .map_err(|_| "peer identity is not a certificate chain".to_string())?;
-    let leaf = chain
-        .first()
-        .ok_or_else(|| "empty certificate chain".to_string())?;
-    certs::node_id_of(leaf).map_err(|e| e.to_string())
+        .map_err(|_| IdentityError::NotACertificateChain)?;
+    let leaf = chain.first().ok_or(IdentityError::EmptyChain)?;
+    Ok(certs::node_id_of(leaf)?)
 }
