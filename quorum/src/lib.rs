@@ -24,6 +24,8 @@
 mod error;
 mod machine;
 mod network;
+#[cfg(test)]
+mod quorum_test;
 mod service;
 mod store;
 #[cfg(test)]

@@ -217,3 +217,7 @@ impl RaftSnapshotBuilder<C> for Builder {
         })
     }
 }
+
+#[cfg(test)]
+#[path = "machine_test.rs"]
+mod tests;

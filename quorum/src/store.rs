@@ -286,3 +286,7 @@ impl RaftLogStorage<C> for Store {
         Ok(())
     }
 }
+
+#[cfg(test)]
+#[path = "store_test.rs"]
+mod tests;
