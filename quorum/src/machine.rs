@@ -88,10 +88,7 @@ impl<S: QuorumState> Machine<S> {
     pub fn recover(store: Store, state: Arc<RwLock<S>>) -> Result<Machine<S>> {
         let (applied, membership) = match store.snapshot()? {
             Some(s) => {
-                let restored = state
-                    .write()
-                    .map_err(|_| Error::Poisoned)?
-                    .restore(&s.data);
+                let restored = state.write().map_err(|_| Error::Poisoned)?.restore(&s.data);
                 restored.map_err(|e| Error::Snapshot {
                     path: store.path().to_path_buf(),
                     source: Box::new(e),

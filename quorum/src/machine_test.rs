@@ -60,7 +60,14 @@ async fn a_restart_rebuilds_the_state_from_the_stored_snapshot() {
 
     let store = Store::open(dir.path()).unwrap();
     let (mut m, state) = machine(&store).unwrap();
-    assert_eq!(*state.read().unwrap(), Tally { v: 1, sum: 90, count: 3 });
+    assert_eq!(
+        *state.read().unwrap(),
+        Tally {
+            v: 1,
+            sum: 90,
+            count: 3
+        }
+    );
     let (applied, stored) = m.applied_state().await.unwrap();
     assert_eq!(applied, Some(log_id::<C>(1, 1, 4)));
     assert_eq!(
@@ -87,7 +94,9 @@ async fn a_stored_snapshot_that_does_not_restore_is_a_typed_error() {
                 data,
             })
             .unwrap();
-        let e = machine(&store).err().expect("recovered from a bad snapshot");
+        let e = machine(&store)
+            .err()
+            .expect("recovered from a bad snapshot");
         let Error::Snapshot { path, source } = &e else {
             panic!("wrong error: {e}");
         };

@@ -46,7 +46,7 @@ pub(crate) enum Error {
     Decode {
         endpoint: String,
         #[source]
-        source: crate::Error,
+        source: Box<crate::Error>,
     },
     #[error("peer {endpoint}: reply version {found}, this build reads {RPC_V}")]
     Version { endpoint: String, found: u16 },
@@ -125,7 +125,7 @@ impl Peer {
         let env: Envelope<Reply> =
             decode("quorum reply", &body).map_err(|source| Error::Decode {
                 endpoint: self.endpoint.clone(),
-                source,
+                source: Box::new(source),
             })?;
         if env.v != RPC_V {
             return Err(Error::Version {
