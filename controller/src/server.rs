@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use stele_node::raft::quorum::{Quorum, QuorumError, QuorumService, QuorumTiming, refuse};
 use stele_proto::pb;
+use stele_quorum::{Error as QuorumError, Quorum, QuorumService, QuorumTiming, refuse};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
@@ -104,7 +104,7 @@ fn node_state_name(s: NodeState) -> &'static str {
 }
 
 impl Controller {
-    pub async fn start(opts: ControllerOptions) -> stele_node::Result<Arc<Controller>> {
+    pub async fn start(opts: ControllerOptions) -> Result<Arc<Controller>, stele_quorum::Error> {
         let quorum = Quorum::open(
             &opts.data_dir.join("controller"),
             opts.id,

@@ -937,10 +937,10 @@ impl CellState {
     }
 }
 
-pub use stele_node::raft::quorum::{from_cbor, to_cbor};
+pub use stele_quorum::{from_cbor, to_cbor};
 
 /// Commands, replies and snapshots as CBOR.
-impl stele_node::raft::quorum::CborState for CellState {
+impl stele_quorum::CborState for CellState {
     type Command = Command;
     type Reply = Reply;
     const VERSION: u16 = STATE_V;
@@ -1105,7 +1105,7 @@ mod tests {
 
     #[test]
     fn snapshot_round_trips() {
-        use stele_node::raft::quorum::QuorumState;
+        use stele_quorum::QuorumState;
         let s = cell();
         let mut t = CellState::new();
         t.restore(&s.snapshot()).unwrap();

@@ -1,6 +1,6 @@
 //! The global directory: which cell holds each namespace, and the registry
 //! of cells. A small Raft quorum of its own (built on
-//! `stele_node::raft::quorum`), never on the data path: clients and nodes
+//! `stele_quorum`), never on the data path: clients and nodes
 //! resolve a namespace once and cache the answer, which never goes stale
 //! because a namespace never changes cell.
 

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use stele_node::raft::quorum::{Quorum, QuorumError, QuorumService, QuorumTiming, refuse};
 use stele_proto::pb;
+use stele_quorum::{Quorum, QuorumService, QuorumTiming, refuse};
 use tonic::{Request, Response, Status};
 
 use crate::state::{
@@ -41,7 +41,7 @@ pub struct Directory {
     pub quorum: Arc<Quorum<DirectoryState>>,
 }
 
-fn quorum_status(e: QuorumError) -> Status {
+fn quorum_status(e: stele_quorum::Error) -> Status {
     e.into()
 }
 
@@ -90,7 +90,7 @@ fn namespace_pb(n: &NamespaceRec, s: &DirectoryState) -> pb::NamespaceRecord {
 }
 
 impl Directory {
-    pub async fn start(opts: DirectoryOptions) -> stele_node::Result<Arc<Directory>> {
+    pub async fn start(opts: DirectoryOptions) -> stele_quorum::Result<Arc<Directory>> {
         let quorum = Quorum::open(
             &opts.data_dir.join("directory"),
             opts.id,

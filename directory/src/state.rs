@@ -126,6 +126,17 @@ pub fn validate_cell_id(id: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The reply to a command that meets a broken invariant of the state.
+///
+/// Every member applies the same command at the same index: a panic here
+/// would stop them all, and again on every replay of the log. So a release
+/// build refuses the command and changes nothing; a debug build (tests,
+/// development) stops at the assertion so the bug is seen.
+fn broken(why: String) -> Reply {
+    debug_assert!(false, "directory state invariant broken: {why}");
+    Reply::Refused(format!("directory state invariant broken: {why}"))
+}
+
 impl DirectoryState {
     pub fn new() -> DirectoryState {
         DirectoryState {
@@ -204,7 +215,7 @@ impl DirectoryState {
                 Reply::Cell(rec)
             }
             Command::RetireCell { id } => {
-                let Some(cell) = self.cells.get(&id) else {
+                let Some(cell) = self.cells.get_mut(&id) else {
                     return Reply::Refused(format!("no cell {id:?}"));
                 };
                 if cell.status == CellStatus::Retired {
@@ -215,7 +226,6 @@ impl DirectoryState {
                     return Reply::Refused(format!("cell {id:?} still holds {held} namespace(s)"));
                 }
                 self.generation += 1;
-                let cell = self.cells.get_mut(&id).expect("checked above");
                 cell.status = CellStatus::Retired;
                 cell.generation = self.generation;
                 Reply::Cell(cell.clone())
@@ -247,6 +257,14 @@ impl DirectoryState {
                         None => return Reply::Refused("no active cell".into()),
                     },
                 };
+                // `least_loaded` names a cell by its record's id, which is
+                // its key in `cells`; a namespace must never name a cell
+                // that is not registered.
+                if !self.cells.contains_key(&cell) {
+                    return broken(format!(
+                        "cell record {cell:?} is not under its own id; namespace {name:?} not created"
+                    ));
+                }
                 self.generation += 1;
                 let rec = NamespaceRec {
                     name: name.clone(),
@@ -259,14 +277,13 @@ impl DirectoryState {
                 Reply::Namespace(rec)
             }
             Command::UpdateNamespace { name, policy } => {
-                let Some(ns) = self.namespaces.get(&name) else {
+                let Some(ns) = self.namespaces.get_mut(&name) else {
                     return Reply::Refused(format!("no namespace {name:?}"));
                 };
                 if ns.policy == policy {
                     return Reply::Namespace(ns.clone());
                 }
                 self.generation += 1;
-                let ns = self.namespaces.get_mut(&name).expect("checked above");
                 ns.policy = policy;
                 ns.generation = self.generation;
                 Reply::Namespace(ns.clone())
@@ -275,10 +292,10 @@ impl DirectoryState {
     }
 }
 
-pub use stele_node::raft::quorum::{from_cbor, to_cbor};
+pub use stele_quorum::{from_cbor, to_cbor};
 
 /// Commands, replies and snapshots as CBOR.
-impl stele_node::raft::quorum::CborState for DirectoryState {
+impl stele_quorum::CborState for DirectoryState {
     type Command = Command;
     type Reply = Reply;
     const VERSION: u16 = STATE_V;
@@ -303,7 +320,7 @@ impl stele_node::raft::quorum::CborState for DirectoryState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use stele_node::raft::quorum::QuorumState;
+    use stele_quorum::QuorumState;
 
     fn register(s: &mut DirectoryState, id: &str) -> Reply {
         s.apply(Command::RegisterCell {
@@ -389,6 +406,32 @@ mod tests {
         refused(register(&mut s, "c2"));
         assert_eq!(s, retired);
         assert_eq!(cell_of(create(&mut s, "w/2", None)), "c1");
+    }
+
+    /// A command that meets a broken invariant is refused and changes
+    /// nothing in a release build; a debug build stops at the
+    /// `debug_assert!` so the bug is seen. The test checks whichever half
+    /// the build has: under `cargo test` the assertion's panic (proving
+    /// the check sees the broken state), under `cargo test --release` the
+    /// refusal. It fails in both if the check is removed.
+    #[test]
+    #[cfg_attr(
+        debug_assertions,
+        should_panic(expected = "directory state invariant broken")
+    )]
+    fn a_namespace_never_names_a_cell_that_is_not_registered() {
+        let mut s = DirectoryState::new();
+        register(&mut s, "c1");
+        // Broken: the record under "c1" claims another id, which
+        // `least_loaded` would hand out.
+        s.cells.get_mut("c1").unwrap().id = "c0".into();
+        let before = s.clone();
+        let r = create(&mut s, "w/1", None);
+        assert!(
+            matches!(&r, Reply::Refused(why) if why.contains("invariant broken")),
+            "{r:?}"
+        );
+        assert_eq!(s, before);
     }
 
     #[test]

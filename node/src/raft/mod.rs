@@ -9,7 +9,6 @@ pub mod log_store;
 pub mod membership;
 pub mod network;
 pub mod pacer;
-pub mod quorum;
 pub mod router;
 #[cfg(test)]
 mod suite_test;

@@ -1,0 +1,233 @@
+//! The sending side of peer messages: one lazily connected gRPC client per
+//! peer, reconnected after an error. Every failure reaches openraft as the
+//! peer being unreachable; openraft retries on its own schedule.
+
+use std::io::Cursor;
+use std::time::Duration;
+
+use openraft::OptionalSend;
+use openraft::RaftNetworkV2;
+use openraft::error::{RPCError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::impls::BasicNode;
+use openraft::network::{RPCOption, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
+    TransferLeaderResponse, VoteRequest, VoteResponse,
+};
+use stele_proto::pb;
+
+use crate::wire::{Envelope, RPC_V, Reply, Rpc};
+use crate::{C, Snapshot, Vote, decode, to_cbor};
+
+/// Largest peer message either way: a snapshot of a whole state.
+const MESSAGE_BYTES_MAX: usize = 256 << 20;
+/// A peer that does not accept a connection this fast counts as down.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// A snapshot may take longer to send than a heartbeat's budget.
+const SNAPSHOT_TIMEOUT_MIN: Duration = Duration::from_secs(10);
+
+/// Why a message to a peer got no usable reply.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Error {
+    #[error("peer endpoint {endpoint:?} is not a valid URL: {source}")]
+    Endpoint {
+        endpoint: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("peer {endpoint}: {}", status.message())]
+    Status {
+        endpoint: String,
+        status: tonic::Status,
+    },
+    #[error("peer {endpoint}: no reply within {after:?}")]
+    Timeout { endpoint: String, after: Duration },
+    #[error("peer {endpoint}: {source}")]
+    Decode {
+        endpoint: String,
+        #[source]
+        source: Box<crate::Error>,
+    },
+    #[error("peer {endpoint}: reply version {found}, this build reads {RPC_V}")]
+    Version { endpoint: String, found: u16 },
+    #[error("peer {endpoint} refused: {reason}")]
+    Refused { endpoint: String, reason: String },
+    #[error("peer {endpoint}: a {got} reply to a {sent} message")]
+    UnexpectedReply {
+        endpoint: String,
+        sent: &'static str,
+        got: &'static str,
+    },
+}
+
+#[derive(Clone)]
+pub(crate) struct Network;
+
+/// A client to one peer member, connected lazily and reconnected on error.
+pub(crate) struct Peer {
+    endpoint: String,
+    client: Option<pb::quorum_client::QuorumClient<tonic::transport::Channel>>,
+}
+
+impl RaftNetworkFactory<C> for Network {
+    type Network = Peer;
+
+    async fn new_client(&mut self, _target: u64, node: &BasicNode) -> Peer {
+        Peer {
+            endpoint: node.addr.clone(),
+            client: None,
+        }
+    }
+}
+
+impl Peer {
+    fn client(
+        &mut self,
+    ) -> Result<&mut pb::quorum_client::QuorumClient<tonic::transport::Channel>, Error> {
+        if self.client.is_none() {
+            let ep = tonic::transport::Endpoint::from_shared(self.endpoint.clone())
+                .map_err(|source| Error::Endpoint {
+                    endpoint: self.endpoint.clone(),
+                    source,
+                })?
+                .connect_timeout(CONNECT_TIMEOUT);
+            self.client = Some(
+                pb::quorum_client::QuorumClient::new(ep.connect_lazy())
+                    .max_decoding_message_size(MESSAGE_BYTES_MAX)
+                    .max_encoding_message_size(MESSAGE_BYTES_MAX),
+            );
+        }
+        Ok(self.client.as_mut().expect("set above"))
+    }
+
+    async fn call(&mut self, rpc: Rpc, timeout: Duration) -> Result<Reply, Error> {
+        let mut req = tonic::Request::new(pb::RaftMessage {
+            body: to_cbor(&Envelope { v: RPC_V, msg: rpc }),
+        });
+        req.set_timeout(timeout);
+        let client = self.client()?;
+        let body = match tokio::time::timeout(timeout, client.raft(req)).await {
+            Ok(Ok(r)) => r.into_inner().body,
+            Ok(Err(status)) => {
+                self.client = None;
+                return Err(Error::Status {
+                    endpoint: self.endpoint.clone(),
+                    status,
+                });
+            }
+            Err(_) => {
+                return Err(Error::Timeout {
+                    endpoint: self.endpoint.clone(),
+                    after: timeout,
+                });
+            }
+        };
+        let env: Envelope<Reply> =
+            decode("quorum reply", &body).map_err(|source| Error::Decode {
+                endpoint: self.endpoint.clone(),
+                source: Box::new(source),
+            })?;
+        if env.v != RPC_V {
+            return Err(Error::Version {
+                endpoint: self.endpoint.clone(),
+                found: env.v,
+            });
+        }
+        match env.msg {
+            Reply::Refused(reason) => Err(Error::Refused {
+                endpoint: self.endpoint.clone(),
+                reason,
+            }),
+            other => Ok(other),
+        }
+    }
+
+    fn unexpected(&self, sent: &'static str, got: &Reply) -> Error {
+        Error::UnexpectedReply {
+            endpoint: self.endpoint.clone(),
+            sent,
+            got: got.kind(),
+        }
+    }
+}
+
+fn unreachable(e: Error) -> RPCError<C> {
+    RPCError::Unreachable(Unreachable::new(&e))
+}
+
+impl RaftNetworkV2<C> for Peer {
+    type SnapshotData = Cursor<Vec<u8>>;
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<C>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<C>, RPCError<C>> {
+        match self.call(Rpc::Append(rpc), option.hard_ttl()).await {
+            Ok(Reply::Append(r)) => Ok(r),
+            Ok(other) => Err(unreachable(self.unexpected("append", &other))),
+            Err(e) => Err(unreachable(e)),
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<C>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<C>, RPCError<C>> {
+        match self.call(Rpc::Vote(rpc), option.hard_ttl()).await {
+            Ok(Reply::Vote(r)) => Ok(r),
+            Ok(other) => Err(unreachable(self.unexpected("vote", &other))),
+            Err(e) => Err(unreachable(e)),
+        }
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<C>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<C>, RPCError<C>> {
+        match self.call(Rpc::PreVote(rpc), option.hard_ttl()).await {
+            Ok(Reply::Vote(r)) => Ok(r),
+            Ok(other) => Err(unreachable(self.unexpected("pre-vote", &other))),
+            Err(e) => Err(unreachable(e)),
+        }
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        _cancel: impl std::future::Future<Output = ReplicationClosed> + OptionalSend + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<C>, StreamingError<C>> {
+        let rpc = Rpc::Snapshot {
+            vote,
+            meta: snapshot.meta,
+            data: snapshot.snapshot.into_inner(),
+        };
+        let timeout = option.hard_ttl().max(SNAPSHOT_TIMEOUT_MIN);
+        let e = match self.call(rpc, timeout).await {
+            Ok(Reply::Snapshot(r)) => return Ok(r),
+            Ok(other) => self.unexpected("snapshot", &other),
+            Err(e) => e,
+        };
+        Err(StreamingError::Unreachable(Unreachable::new(&e)))
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        req: TransferLeaderRequest<C>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<C>, RPCError<C>> {
+        match self.call(Rpc::TransferLeader(req), option.hard_ttl()).await {
+            Ok(Reply::TransferLeader(Ok(()))) => Ok(Ok(())),
+            Ok(Reply::TransferLeader(Err(reason))) => Err(unreachable(Error::Refused {
+                endpoint: self.endpoint.clone(),
+                reason,
+            })),
+            Ok(other) => Err(unreachable(self.unexpected("transfer-leader", &other))),
+            Err(e) => Err(unreachable(e)),
+        }
+    }
+}
