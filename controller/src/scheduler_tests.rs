@@ -868,6 +868,14 @@ fn leaders_are_balanced_every_so_often_while_nothing_moves() {
     };
     let mut new_term = fx.clone();
     new_term.h.leading = Some((TERM - 1, fx.t0));
+    // Nothing open when the pass began, but node 3 drains: the moves it
+    // opens keep the leaders where they are.
+    let mut draining = Fx::new(4, &[&[1, 2, 3], &[1, 2, 3], &[1, 2, 3]]);
+    draining.apply(Command::SetAdmin {
+        node: 3,
+        admin: Admin::Draining,
+    });
+    let drained: Vec<Command> = (1..=3).map(|t| start_move(t, 3, 4, "drain")).collect();
     let mut never = p.clone();
     never.leader_balance_every = Duration::ZERO;
     let cases: Vec<(&str, &Fx, u64, &Policy, Vec<Command>)> = vec![
@@ -875,6 +883,7 @@ fn leaders_are_balanced_every_so_often_while_nothing_moves() {
         ("not due yet", &fx, 9, &p, vec![]),
         ("balanced", &balanced, 10, &p, vec![]),
         ("an intent is open", &busy, 10, &p, vec![]),
+        ("the pass opened intents", &draining, 10, &p, drained),
         ("a new leader waits a period", &new_term, 15, &p, vec![]),
         ("balancing off", &fx, 100, &never, vec![]),
     ];

@@ -1320,4 +1320,77 @@ mod tests {
         // Both tablets are free for another merge.
         assert!(matches!(merge_of(&mut s, 1, 2), Reply::Intent(_)));
     }
+
+    /// A move intent whose tablet is gone: no command sequence makes this
+    /// (a tablet with an open intent is never removed), so it is built by
+    /// hand, as a bug or a corrupt snapshot would leave it.
+    fn move_without_its_tablet() -> (CellState, u64) {
+        let mut s = cell();
+        let Reply::Intent(i) = s.apply(Command::StartMove {
+            tablet: 1,
+            from: 3,
+            to: 4,
+            reason: "operator".into(),
+            expect_generation: 0,
+        }) else {
+            panic!("refused")
+        };
+        s.tablets.remove(&1);
+        (s, i)
+    }
+
+    #[test]
+    fn a_pending_intent_names_its_tablet_or_the_state_is_broken() {
+        let mut s = cell();
+        let Reply::Intent(i) = s.apply(Command::StartMove {
+            tablet: 1,
+            from: 3,
+            to: 4,
+            reason: "operator".into(),
+            expect_generation: 0,
+        }) else {
+            panic!("refused")
+        };
+        assert_eq!(s.intent_tablet(i), Ok(1));
+        assert_eq!(s.intent_tablet(99), Err("unknown intent 99".into()));
+        let (broken, i) = move_without_its_tablet();
+        assert_eq!(
+            broken.intent_tablet(i),
+            Err(format!("intent {i} names tablet 1, which does not exist"))
+        );
+    }
+
+    /// Apply finds the broken invariant before it changes anything: a
+    /// release build refuses the command (every controller alike, and
+    /// stays up); a debug build stops at the `debug_assert!` with the same
+    /// reason. Either way the state is as before. (Before this check,
+    /// every build panicked on an `expect`, after bumping the route
+    /// generation.)
+    #[test]
+    fn finishing_a_move_whose_tablet_is_gone_is_refused_and_changes_nothing() {
+        let (mut s, i) = move_without_its_tablet();
+        let before = s.clone();
+        let why = format!("controller state invariant broken: intent {i} names tablet 1");
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            s.apply(Command::FinishMove { intent: i })
+        }));
+        match outcome {
+            Ok(reply) => {
+                assert!(!cfg!(debug_assertions), "a debug build stops: {reply:?}");
+                assert!(
+                    matches!(&reply, Reply::Refused(r) if r.starts_with(&why)),
+                    "{reply:?}"
+                );
+            }
+            Err(panic) => {
+                assert!(cfg!(debug_assertions), "a release build refuses");
+                let msg = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .unwrap_or_default();
+                assert!(msg.starts_with(&why), "{msg}");
+            }
+        }
+        assert_eq!(s, before);
+    }
 }
