@@ -29,7 +29,6 @@ fn node_state_name(s: NodeState) -> &'static str {
     }
 }
 
-
 pub struct Api(pub(crate) Arc<Controller>);
 
 #[tonic::async_trait]
@@ -767,4 +766,3 @@ fn intent_pb(i: &IntentRec) -> pb::Intent {
         absorbed,
     }
 }
-

@@ -179,7 +179,10 @@ impl Plan {
                 }
                 Some(Reply::Refused(why)) => {
                     if let Some(text) = o.refused {
-                        follow.push(Action::Log(Log::new(Level::Debug, format!("{text}: {why}"))));
+                        follow.push(Action::Log(Log::new(
+                            Level::Debug,
+                            format!("{text}: {why}"),
+                        )));
                     }
                 }
                 Some(Reply::Ok) | None => {}
@@ -236,7 +239,11 @@ pub fn plan(s: &CellState, h: &HealthView, now: Instant, p: &Policy) -> Plan {
         return plan;
     };
     // Leases.
-    for n in s.nodes.values().filter(|n| h.lease_expired(n, now, p.lease)) {
+    for n in s
+        .nodes
+        .values()
+        .filter(|n| h.lease_expired(n, now, p.lease))
+    {
         plan.log(
             Level::Warn,
             format!("node {}: health lease expired; node declared dead", n.id),
@@ -414,7 +421,10 @@ fn intent_steps(
     let fail = |plan: &mut Plan, what: &str, reason: String| {
         plan.log(
             Level::Warn,
-            format!("intent {} (tablet {}): {what} given up: {reason}", i.id, t.id),
+            format!(
+                "intent {} (tablet {}): {what} given up: {reason}",
+                i.id, t.id
+            ),
         );
         plan.propose(Command::FailIntent {
             intent: i.id,
@@ -637,8 +647,7 @@ fn auto_steps(plan: &mut Plan, s: &CellState, h: &HealthView, now: Instant, p: &
         if a.hi != u64::from(b.lo) || !idle(a) || !idle(b) || taken.contains(&a.id) {
             continue;
         }
-        let (Some(la), Some(lb)) = (h.load(a.id, (a.lo, a.hi)), h.load(b.id, (b.lo, b.hi)))
-        else {
+        let (Some(la), Some(lb)) = (h.load(a.id, (a.lo, a.hi)), h.load(b.id, (b.lo, b.hi))) else {
             continue;
         };
         if let Some(reason) = should_merge(la, lb, &p.split, at) {

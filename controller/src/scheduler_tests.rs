@@ -37,7 +37,11 @@ fn run(fx: &Fx, now: Instant, p: &Policy) -> (Vec<Command>, HealthView) {
     let (s, mut h) = (&fx.s, fx.h.clone());
     // Every node heartbeats right up to the pass unless the case silenced
     // it (its reports stay as the case made them).
-    for n in s.nodes.values().filter(|n| !n.dead && !fx.silent.contains(&n.id)) {
+    for n in s
+        .nodes
+        .values()
+        .filter(|n| !n.dead && !fx.silent.contains(&n.id))
+    {
         h.seen.insert(n.id, now);
     }
     h.observe(s, TERM, now, p.lease);
@@ -60,7 +64,7 @@ fn run(fx: &Fx, now: Instant, p: &Policy) -> (Vec<Command>, HealthView) {
 
 /// The one assertion of these tables.
 fn check(case: &str, fx: &Fx, now: Instant, p: &Policy, want: &[Command]) {
-    let (got, _) = run(&fx, now, p);
+    let (got, _) = run(fx, now, p);
     assert_eq!(got, want, "case {case:?}");
 }
 
@@ -146,7 +150,13 @@ impl Fx {
 
     /// Every node not declared dead heartbeats at `secs`.
     fn beat_all(&mut self, secs: u64) {
-        let live: Vec<u64> = self.s.nodes.values().filter(|n| !n.dead).map(|n| n.id).collect();
+        let live: Vec<u64> = self
+            .s
+            .nodes
+            .values()
+            .filter(|n| !n.dead)
+            .map(|n| n.id)
+            .collect();
         for n in live {
             self.beat(n, secs);
         }
@@ -155,7 +165,8 @@ impl Fx {
     fn beat(&mut self, node: u64, secs: u64) {
         let reports = self.reports_of(node);
         let now = self.at(secs);
-        self.h.heartbeat(node, reports, now, Duration::from_secs(10));
+        self.h
+            .heartbeat(node, reports, now, Duration::from_secs(10));
     }
 
     /// What `node` reports: each replica it holds; a tablet's first voter
@@ -261,8 +272,18 @@ fn leases_expire_into_dead_nodes() {
             11,
             vec![Command::MarkDead { node: 4 }],
         ),
-        ("a new term starts every lease afresh", &new_term, 11, vec![]),
-        ("a decommissioned node never dies", &decommissioned, 11, vec![]),
+        (
+            "a new term starts every lease afresh",
+            &new_term,
+            11,
+            vec![],
+        ),
+        (
+            "a decommissioned node never dies",
+            &decommissioned,
+            11,
+            vec![],
+        ),
         ("a dead node is not declared again", &dead, 11, vec![]),
     ];
     for (case, fx, secs, want) in cases {
@@ -399,10 +420,7 @@ fn moves_finish_when_the_group_changed_or_are_given_up_before() {
             "unchanged past the timeout",
             &base,
             121,
-            vec![fail(
-                id,
-                "the group did not take its new voter within 120s",
-            )],
+            vec![fail(id, "the group did not take its new voter within 120s")],
         ),
         ("joint: only forward", &joint, 121, vec![]),
         ("new voter in: only forward", &took_voter, 121, vec![]),
@@ -559,13 +577,19 @@ fn merges_colocate_freeze_merge_and_finish() {
             "colocate: target died before the change",
             &target_dead,
             5,
-            vec![fail(id, "merge: tablet 1 did not take its new voter on node 4")],
+            vec![fail(
+                id,
+                "merge: tablet 1 did not take its new voter on node 4",
+            )],
         ),
         (
             "colocate: no change past the timeout",
             &colocate_old,
             121,
-            vec![fail(id, "merge: tablet 1 did not take its new voter on node 4")],
+            vec![fail(
+                id,
+                "merge: tablet 1 did not take its new voter on node 4",
+            )],
         ),
         (
             "co-located: freeze",
@@ -589,7 +613,12 @@ fn merges_colocate_freeze_merge_and_finish() {
                 "tablet 1 did not freeze on every voter within 120s",
             )],
         ),
-        ("merge: not published yet, never given up", &merging_phase, 1000, vec![]),
+        (
+            "merge: not published yet, never given up",
+            &merging_phase,
+            1000,
+            vec![],
+        ),
         (
             "merge: published",
             &published,
@@ -625,7 +654,10 @@ fn a_merge_phase_ages_from_when_the_leader_first_saw_it() {
         &later,
         fx.at(221),
         &p,
-        &[fail(id, "merge: tablet 1 did not take its new voter on node 4")],
+        &[fail(
+            id,
+            "merge: tablet 1 did not take its new voter on node 4",
+        )],
     );
 }
 
@@ -677,10 +709,7 @@ fn intents_age_from_when_this_leader_first_saw_them() {
         &later,
         fx.at(171),
         &p,
-        &[fail(
-            id,
-            "the group did not take its new voter within 120s",
-        )],
+        &[fail(id, "the group did not take its new voter within 120s")],
     );
     // Closed intents are forgotten.
     let mut closed = later.clone();
@@ -968,5 +997,11 @@ fn tablets_split_and_merge_by_themselves() {
     }
     // A split proposal restarts the tablet's samples, whatever came of it.
     let (_, h) = run(&big, big.at(10), &p);
-    check("sampled afresh", &Fx { h, ..big.clone() }, big.at(10), &p, &[]);
+    check(
+        "sampled afresh",
+        &Fx { h, ..big.clone() },
+        big.at(10),
+        &p,
+        &[],
+    );
 }

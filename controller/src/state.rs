@@ -1374,22 +1374,17 @@ mod tests {
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             s.apply(Command::FinishMove { intent: i })
         }));
-        match outcome {
-            Ok(reply) => {
-                assert!(!cfg!(debug_assertions), "a debug build stops: {reply:?}");
-                assert!(
-                    matches!(&reply, Reply::Refused(r) if r.starts_with(&why)),
-                    "{reply:?}"
-                );
-            }
-            Err(panic) => {
-                assert!(cfg!(debug_assertions), "a release build refuses");
-                let msg = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .unwrap_or_default();
+        match (outcome, cfg!(debug_assertions)) {
+            (Ok(reply), false) => assert!(
+                matches!(&reply, Reply::Refused(r) if r.starts_with(&why)),
+                "{reply:?}"
+            ),
+            (Err(panic), true) => {
+                let msg = panic.downcast_ref::<String>().cloned().unwrap_or_default();
                 assert!(msg.starts_with(&why), "{msg}");
             }
+            (Ok(reply), true) => panic!("a debug build stops at the check: {reply:?}"),
+            (Err(_), false) => panic!("a release build refuses without panicking"),
         }
         assert_eq!(s, before);
     }
