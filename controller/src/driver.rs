@@ -9,6 +9,15 @@
 //! decided on the assumption that the earlier ones went through, as the
 //! old single loop awaited each proposal before the next. The next tick
 //! plans afresh.
+//!
+//! The health view is read once, under its lock, while the plan is made
+//! (planning is synchronous and takes no longer than the old loop held the
+//! same lock for its load bookkeeping). A heartbeat that lands while the
+//! pass proposes is seen by the next pass, where the old loop could read
+//! it halfway through: one of the interleavings the old loop allowed too.
+//! The pass's one clock reading also dates what the old loop timed with a
+//! second reading a few milliseconds later (a merge phase's first sight,
+//! the restart of samples after an automatic split or merge).
 
 use std::sync::Arc;
 use std::time::Instant;
