@@ -1005,3 +1005,37 @@ fn tablets_split_and_merge_by_themselves() {
         &[],
     );
 }
+
+/// Passes every half second, as the driver runs them, while every leader
+/// reports 30 more records applied per second: a tablet over a 20 writes/s
+/// mark splits once its 4 s cooldown and a 3 s window have passed, and not
+/// before.
+#[test]
+fn a_hot_tablet_splits_once_its_cooldown_and_window_passed() {
+    let mut p = policy();
+    p.split.writes_per_s = 20;
+    p.split.window = Duration::from_secs(3);
+    p.split.cooldown = Duration::from_secs(4);
+    let mut fx = Fx::new(3, &[&[1, 2, 3]]);
+    let mut first = None;
+    for half in 0..40u64 {
+        let now = fx.t0 + Duration::from_millis(500 * half);
+        for n in 1..=3 {
+            let mut reports = fx.reports_of(n);
+            for r in &mut reports {
+                r.records_applied = 15 * half;
+            }
+            fx.h.heartbeat(n, reports, now, p.split.window);
+        }
+        let (proposed, h) = run(&fx, now, &p);
+        fx.h = h;
+        if proposed
+            .iter()
+            .any(|c| matches!(c, Command::StartSplit { tablet: 1, .. }))
+        {
+            first = Some(half);
+            break;
+        }
+    }
+    assert_eq!(first, Some(8), "split at 4 s, the first pass past both");
+}
