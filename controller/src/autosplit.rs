@@ -62,7 +62,7 @@ pub struct LoadSample {
 }
 
 /// The samples of one tablet over the last window, and its last change.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct TabletLoad {
     samples: VecDeque<LoadSample>,
     /// When the tablet last split or was created by a split (or the

@@ -2,14 +2,26 @@
 //! tablet table, move orchestration and the route map.
 //!
 //! - [`state`]: the replicated state and its commands (one openraft group of
-//!   1, 3 or 5 controllers, through `stele_node::raft::quorum`).
+//!   1, 3 or 5 controllers, through `stele_quorum`).
 //! - [`placement`]: pure placement, repair, balance and validation logic.
-//! - [`server`]: a controller process: gRPC API, health leases and the
-//!   scheduler that places, repairs and finishes intents while it leads.
+//! - [`autosplit`]: pure automatic split and merge decisions from load.
+//! - [`health`]: the leader's soft state (heartbeats, leases, reports,
+//!   load samples), pure, with the clock passed in.
+//! - [`scheduler`]: what the leader proposes in one pass, a pure function
+//!   of the state, the health view and the time.
+//! - [`driver`]: proposes what the scheduler plans, once per tick.
+//! - [`api`]: the gRPC API.
+//! - [`server`]: a controller process: its quorum, services and driver.
 
+pub mod api;
 pub mod autosplit;
+mod driver;
+pub mod error;
+pub mod health;
 pub mod placement;
+pub mod scheduler;
 pub mod server;
 pub mod state;
 
+pub use error::{Error, Result};
 pub use server::{Controller, ControllerOptions};

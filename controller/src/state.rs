@@ -19,6 +19,32 @@ pub fn node_of(replica: u64) -> u64 {
     replica & ((1 << NODE_BITS) - 1)
 }
 
+/// Takes the next route generation.
+fn bump(route_generation: &mut u64) -> u64 {
+    *route_generation += 1;
+    *route_generation
+}
+
+/// A fresh replica on `node`, from the replica sequence `seq`.
+fn new_replica(seq: &mut u64, node: u64) -> ReplicaRec {
+    let s = *seq;
+    *seq += 1;
+    ReplicaRec {
+        replica_id: (s << NODE_BITS) | node,
+        node,
+    }
+}
+
+/// The reply to a command that found the state breaking one of its
+/// invariants. Every controller applies the same log entry to the same
+/// state, so a panic here would stop all of them at the same index, and
+/// again on every replay; a refusal changes nothing and keeps them up.
+/// Debug builds stop anyway: it is a bug to find and fix.
+fn broken(why: String) -> Reply {
+    debug_assert!(false, "controller state invariant broken: {why}");
+    Reply::Refused(format!("controller state invariant broken: {why}"))
+}
+
 /// Snapshot format version.
 pub const STATE_V: u16 = 1;
 
@@ -289,17 +315,30 @@ impl CellState {
     }
 
     fn bump(&mut self) -> u64 {
-        self.route_generation += 1;
-        self.route_generation
+        bump(&mut self.route_generation)
     }
 
     fn new_replica(&mut self, node: u64) -> ReplicaRec {
-        let seq = self.next_replica_seq;
-        self.next_replica_seq += 1;
-        ReplicaRec {
-            replica_id: (seq << NODE_BITS) | node,
-            node,
+        new_replica(&mut self.next_replica_seq, node)
+    }
+
+    /// The tablet pending `intent` names. A tablet with an open intent is
+    /// never removed (splits keep it; merges and moves refuse busy
+    /// tablets), so a missing one means the state is broken: [`apply`]
+    /// refuses the command rather than panic.
+    ///
+    /// [`apply`]: CellState::apply
+    pub fn intent_tablet(&self, intent: u64) -> Result<u64, String> {
+        let Some(i) = self.intents.get(&intent) else {
+            return Err(format!("unknown intent {intent}"));
+        };
+        if !self.tablets.contains_key(&i.tablet) {
+            return Err(format!(
+                "intent {intent} names tablet {}, which does not exist",
+                i.tablet
+            ));
         }
+        Ok(i.tablet)
     }
 
     /// Where a split of `t` at `at` (0: the middle) would cut, or why not.
@@ -356,12 +395,11 @@ impl CellState {
         if a == b {
             return Err(format!("tablet {a} cannot merge with itself"));
         }
-        for t in [a, b] {
-            if !self.tablets.contains_key(&t) {
-                return Err(format!("unknown tablet {t}"));
-            }
-        }
-        let (ta, tb) = (&self.tablets[&a], &self.tablets[&b]);
+        let (ta, tb) = match (self.tablets.get(&a), self.tablets.get(&b)) {
+            (Some(ta), Some(tb)) => (ta, tb),
+            (None, _) => return Err(format!("unknown tablet {a}")),
+            (_, None) => return Err(format!("unknown tablet {b}")),
+        };
         if ta.hi != u64::from(tb.lo) && tb.hi != u64::from(ta.lo) {
             return Err(format!(
                 "tablets {a} [{}, {}) and {b} [{}, {}) are not adjacent",
@@ -499,17 +537,21 @@ impl CellState {
             Command::Place(list) => {
                 let mut placed = false;
                 for (tablet, nodes) in list {
-                    let unplaced = self
+                    let Some(t) = self
                         .tablets
-                        .get(&tablet)
-                        .is_some_and(|t| t.voters.is_empty() && t.leaving.is_none());
-                    if !unplaced || nodes.is_empty() {
+                        .get_mut(&tablet)
+                        .filter(|t| t.voters.is_empty() && t.leaving.is_none())
+                    else {
+                        continue;
+                    };
+                    if nodes.is_empty() {
                         continue;
                     }
-                    let voters: Vec<ReplicaRec> =
-                        nodes.iter().map(|n| self.new_replica(*n)).collect();
-                    let generation = self.bump();
-                    let t = self.tablets.get_mut(&tablet).expect("checked above");
+                    let voters: Vec<ReplicaRec> = nodes
+                        .iter()
+                        .map(|n| new_replica(&mut self.next_replica_seq, *n))
+                        .collect();
+                    let generation = bump(&mut self.route_generation);
                     t.initializer = voters.first().map(|r| r.replica_id);
                     t.voters = voters;
                     t.generation = generation;
@@ -534,7 +576,7 @@ impl CellState {
                 reason,
                 expect_generation,
             } => {
-                let Some(t) = self.tablets.get(&tablet) else {
+                let Some(t) = self.tablets.get_mut(&tablet) else {
                     return Reply::Refused(format!("unknown tablet {tablet}"));
                 };
                 if expect_generation != 0 && t.generation != expect_generation {
@@ -564,8 +606,7 @@ impl CellState {
                         "node {from} holds no voter of tablet {tablet}"
                     ));
                 };
-                let new = self.new_replica(to);
-                let t = self.tablets.get_mut(&tablet).expect("checked above");
+                let new = new_replica(&mut self.next_replica_seq, to);
                 let old = t.voters[pos];
                 t.voters[pos] = new;
                 t.leaving = Some(old);
@@ -586,18 +627,21 @@ impl CellState {
                 if i.state != IntentState::Pending {
                     return Reply::Ok;
                 }
-                let tablet = i.tablet;
-                let generation = self.bump();
-                let t = self
-                    .tablets
-                    .get_mut(&tablet)
-                    .expect("intent names a tablet");
+                let tablet = match self.intent_tablet(intent) {
+                    Ok(tablet) => tablet,
+                    Err(why) => return broken(why),
+                };
+                let (Some(i), Some(t)) =
+                    (self.intents.get_mut(&intent), self.tablets.get_mut(&tablet))
+                else {
+                    return broken(format!("intent {intent} or tablet {tablet} vanished"));
+                };
+                let generation = bump(&mut self.route_generation);
                 if let Some(old) = t.leaving.take() {
                     self.retired.entry(old.node).or_default().insert(old);
                 }
                 t.intent = 0;
                 t.generation = generation;
-                let i = self.intents.get_mut(&intent).expect("checked above");
                 i.state = IntentState::Done { generation };
                 self.trim_intents();
                 Reply::Ok
@@ -611,7 +655,9 @@ impl CellState {
                 if let Some(why) = self.split_refusal(tablet, expect_generation) {
                     return Reply::Refused(why);
                 }
-                let t = self.tablets.get(&tablet).expect("checked by split_refusal");
+                let Some(t) = self.tablets.get(&tablet) else {
+                    return Reply::Refused(format!("unknown tablet {tablet}"));
+                };
                 let at = match Self::split_point(t, at) {
                     Ok(at) => at,
                     Err(why) => return Reply::Refused(why),
@@ -661,8 +707,13 @@ impl CellState {
                     ));
                 }
                 let hi = parent.hi;
-                let generation = self.bump();
-                let parent = self.tablets.get_mut(&tablet).expect("checked above");
+                let (Some(i), Some(parent)) =
+                    (self.intents.get_mut(&intent), self.tablets.get_mut(&tablet))
+                else {
+                    return broken(format!("intent {intent} or tablet {tablet} vanished"));
+                };
+                let generation = bump(&mut self.route_generation);
+                i.state = IntentState::Done { generation };
                 parent.hi = u64::from(at);
                 parent.generation = generation;
                 parent.range_generation = range_generation;
@@ -685,8 +736,6 @@ impl CellState {
                     },
                 );
                 self.next_tablet = self.next_tablet.max(child + 1);
-                let i = self.intents.get_mut(&intent).expect("checked above");
-                i.state = IntentState::Done { generation };
                 self.trim_intents();
                 Reply::Ok
             }
@@ -777,9 +826,8 @@ impl CellState {
                         Ok(plan) => plan,
                         Err(why) => return Reply::Refused(why),
                     };
-                let (lo, hi) = {
-                    let t = &self.tablets[&absorbed];
-                    (t.lo, t.hi)
+                let Some((lo, hi)) = self.tablets.get(&absorbed).map(|t| (t.lo, t.hi)) else {
+                    return broken(format!("merge plan names tablet {absorbed}, which is gone"));
                 };
                 let phase = if self.colocating_move(survivor, absorbed).is_some() {
                     MergePhase::Colocate
@@ -824,13 +872,15 @@ impl CellState {
                         let Some((from, to)) = self.colocating_move(survivor, absorbed) else {
                             return Reply::Refused("co-located already".into());
                         };
-                        let new = self.new_replica(to);
-                        let t = self.tablets.get_mut(&absorbed).expect("checked above");
-                        let pos = t
-                            .voters
-                            .iter()
-                            .position(|r| r.node == from)
-                            .expect("from is a voter node");
+                        let Some((t, pos)) = self.tablets.get_mut(&absorbed).and_then(|t| {
+                            let pos = t.voters.iter().position(|r| r.node == from)?;
+                            Some((t, pos))
+                        }) else {
+                            return broken(format!(
+                                "merge {intent}: node {from} holds no voter of tablet {absorbed}"
+                            ));
+                        };
+                        let new = new_replica(&mut self.next_replica_seq, to);
                         let old = t.voters[pos];
                         t.voters[pos] = new;
                         t.leaving = Some(old);
@@ -841,8 +891,10 @@ impl CellState {
                         MergePhase::Colocate
                     }
                     (MergePhase::Colocate, MergeStep::Moved) => {
-                        let generation = self.bump();
-                        let t = self.tablets.get_mut(&absorbed).expect("checked above");
+                        let Some(t) = self.tablets.get_mut(&absorbed) else {
+                            return broken(format!("tablet {absorbed} vanished"));
+                        };
+                        let generation = bump(&mut self.route_generation);
                         if let Some(old) = t.leaving.take() {
                             self.retired.entry(old.node).or_default().insert(old);
                         }
@@ -872,7 +924,7 @@ impl CellState {
                 Reply::Ok
             }
             Command::FinishMerge { intent } => {
-                let Some(i) = self.intents.get(&intent) else {
+                let Some(i) = self.intents.get_mut(&intent) else {
                     return Reply::Refused(format!("unknown intent {intent}"));
                 };
                 let IntentKind::Merge {
@@ -893,7 +945,8 @@ impl CellState {
                     return Reply::Refused(format!("merge {intent} was not ordered yet"));
                 }
                 let survivor = i.tablet;
-                let generation = self.bump();
+                let generation = bump(&mut self.route_generation);
+                i.state = IntentState::Done { generation };
                 if let Some(t) = self.tablets.get_mut(&survivor) {
                     t.lo = t.lo.min(lo);
                     t.hi = t.hi.max(hi);
@@ -904,8 +957,6 @@ impl CellState {
                 // Its replicas delete themselves on each node with the
                 // survivor's seal of the merge.
                 self.tablets.remove(&absorbed);
-                let i = self.intents.get_mut(&intent).expect("checked above");
-                i.state = IntentState::Done { generation };
                 self.trim_intents();
                 Reply::Ok
             }
@@ -1268,5 +1319,73 @@ mod tests {
         );
         // Both tablets are free for another merge.
         assert!(matches!(merge_of(&mut s, 1, 2), Reply::Intent(_)));
+    }
+
+    /// A move intent whose tablet is gone: no command sequence makes this
+    /// (a tablet with an open intent is never removed), so it is built by
+    /// hand, as a bug or a corrupt snapshot would leave it.
+    fn move_without_its_tablet() -> (CellState, u64) {
+        let mut s = cell();
+        let Reply::Intent(i) = s.apply(Command::StartMove {
+            tablet: 1,
+            from: 3,
+            to: 4,
+            reason: "operator".into(),
+            expect_generation: 0,
+        }) else {
+            panic!("refused")
+        };
+        s.tablets.remove(&1);
+        (s, i)
+    }
+
+    #[test]
+    fn a_pending_intent_names_its_tablet_or_the_state_is_broken() {
+        let mut s = cell();
+        let Reply::Intent(i) = s.apply(Command::StartMove {
+            tablet: 1,
+            from: 3,
+            to: 4,
+            reason: "operator".into(),
+            expect_generation: 0,
+        }) else {
+            panic!("refused")
+        };
+        assert_eq!(s.intent_tablet(i), Ok(1));
+        assert_eq!(s.intent_tablet(99), Err("unknown intent 99".into()));
+        let (broken, i) = move_without_its_tablet();
+        assert_eq!(
+            broken.intent_tablet(i),
+            Err(format!("intent {i} names tablet 1, which does not exist"))
+        );
+    }
+
+    /// Apply finds the broken invariant before it changes anything: a
+    /// release build refuses the command (every controller alike, and
+    /// stays up); a debug build stops at the `debug_assert!` with the same
+    /// reason. Either way the state is as before. (Before this check,
+    /// every build panicked on an `expect`, after bumping the route
+    /// generation.)
+    #[test]
+    fn finishing_a_move_whose_tablet_is_gone_is_refused_and_changes_nothing() {
+        let (mut s, i) = move_without_its_tablet();
+        let before = s.clone();
+        let why = format!("controller state invariant broken: intent {i} names tablet 1");
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            s.apply(Command::FinishMove { intent: i })
+        }));
+        match (outcome, cfg!(debug_assertions)) {
+            (Ok(reply), false) => assert!(
+                matches!(&reply, Reply::Refused(r) if r.starts_with(&why)),
+                "{reply:?}"
+            ),
+            (Err(panic), true) => {
+                let msg = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+                assert!(msg.starts_with(&why), "{msg}");
+            }
+            (Ok(reply), true) => panic!("a debug build stops at the check: {reply:?}"),
+            (Err(_), false) => panic!("a release build refuses without panicking"),
+        }
+        assert_eq!(s, before);
     }
 }
