@@ -2,8 +2,9 @@
 
 # An S3 server for the cold-tier tests: moto 5.2.5 on a free loopback
 # port, stopped by PID on exit. The tests get its endpoint from
-# STELE_TEST_S3_ENDPOINT and fail (not skip) without it, because
-# STELE_TEST_REQUIRE_S3=1; a plain `cargo test` skips them with a note.
+# STELE_TEST_S3_ENDPOINT. They are #[ignore]d (a plain `cargo test` counts
+# them as ignored), scripts/test runs them explicitly, and run without a
+# server they fail.
 start_moto() {
   local venv=target/moto-venv
   if [ ! -x "$venv/bin/moto_server" ]; then
@@ -25,7 +26,6 @@ start_moto() {
   export STELE_TEST_S3_ENDPOINT="http://127.0.0.1:$port"
   export STELE_TEST_S3_BUCKET=stele-test
   export STELE_TEST_MOTO_SERVER="$PWD/$venv/bin/moto_server"
-  export STELE_TEST_REQUIRE_S3=1
   echo "== moto on $STELE_TEST_S3_ENDPOINT (pid $MOTO_PID)"
 }
 
@@ -46,4 +46,23 @@ ensure_fault_tools() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing >target/fault-tools-install.log 2>&1 \
       || echo "   (could not install$missing; see target/fault-tools-install.log)"
   fi
+}
+
+# Every #[ignore]d test in the workspace, one line each:
+# `path test_name: reason` (the reason from `#[ignore = "..."]`).
+list_ignored() {
+  local f
+  git ls-files '*.rs' | while read -r f; do
+    awk -v f="$f" '
+      /^[ \t]*#\[ignore/ {
+        reason = "no reason given"
+        if (match($0, /"[^"]*"/)) reason = substr($0, RSTART + 1, RLENGTH - 2)
+        want = 1
+        next
+      }
+      want && match($0, /fn [A-Za-z0-9_]+/) {
+        print f " " substr($0, RSTART + 3, RLENGTH - 3) ": " reason
+        want = 0
+      }' "$f"
+  done
 }

@@ -627,12 +627,39 @@ impl Cell {
         self.paused.retain(|p| *p != n);
     }
 
+    /// Every node's journal files with their lengths now: for a cell whose
+    /// journals skip fdatasync, what the kernel has written back of them
+    /// by a later [`Cell::power_cut_to`].
+    pub fn journal_lengths(&self) -> anyhow::Result<BTreeMap<PathBuf, u64>> {
+        let mut out = BTreeMap::new();
+        for n in 1..=self.spec.nodes {
+            let journal = self.dir.join(format!("data{n}")).join("journal");
+            for entry in std::fs::read_dir(&journal)
+                .with_context(|| format!("list {}", journal.display()))?
+            {
+                let path = entry?.path();
+                if path.extension().is_some_and(|e| e == "wal") {
+                    out.insert(path.clone(), std::fs::metadata(&path)?.len());
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// A power cut of the whole cell: every node SIGKILLed at once, then
     /// each journal file cut back to the length its node last synced
     /// (`journal/SYNCED`, written by the `journal-sync-marks` fail point):
     /// what a machine loses of writes it never synced. `heal` restarts
     /// them. Returns the bytes cut.
     pub fn power_cut(&mut self) -> anyhow::Result<u64> {
+        self.power_cut_to(&BTreeMap::new())
+    }
+
+    /// [`Cell::power_cut`] on disks that had also written back `written`
+    /// (file lengths from [`Cell::journal_lengths`] taken a moment before):
+    /// each journal file keeps the longer of its synced length and its
+    /// length in `written`, and loses the rest.
+    pub fn power_cut_to(&mut self, written: &BTreeMap<PathBuf, u64>) -> anyhow::Result<u64> {
         for n in 1..=self.spec.nodes {
             self.kill(n);
         }
@@ -648,6 +675,7 @@ impl Cell {
                     continue;
                 };
                 let path = journal.join(format!("{seq:020}.wal"));
+                let len = len.max(written.get(&path).copied().unwrap_or(0));
                 let Ok(file) = std::fs::OpenOptions::new().write(true).open(&path) else {
                     continue;
                 };

@@ -244,6 +244,38 @@ pub struct Results {
     pub elapsed_s: f64,
 }
 
+impl Results {
+    /// The anomalies the checkers named, by kind, with how many of each
+    /// (`lost`, `not-prefix`, `set-lost`, `not-linearizable`, ...). A
+    /// negative control counts as caught only when this is not empty: a
+    /// run that errors, or a register check that did not finish in time,
+    /// names nothing, and a harness failure is never a pass.
+    pub fn named_anomalies(&self) -> BTreeMap<&'static str, usize> {
+        let mut out = BTreeMap::new();
+        for a in &self.report.anomalies {
+            *out.entry(a.kind()).or_default() += 1;
+        }
+        if let Some(s) = &self.set_report {
+            for (kind, n) in [
+                ("set-lost", s.lost.len()),
+                ("set-duplicated", s.duplicated.len()),
+                ("set-unexpected", s.unexpected.len()),
+                ("set-refused-but-present", s.refused_but_present.len()),
+            ] {
+                if n > 0 {
+                    out.insert(kind, n);
+                }
+            }
+        }
+        if let Some(g) = &self.register_report
+            && !g.not_linearizable.is_empty()
+        {
+            out.insert("not-linearizable", g.not_linearizable.len());
+        }
+        out
+    }
+}
+
 #[derive(Serialize)]
 struct NemesisEvent {
     time_ns: u64,
@@ -729,7 +761,27 @@ async fn nemesis(
                 while rec.appends_acked_since(since) < 10 && Instant::now() < writing_by {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
-                let cut = tokio::task::block_in_place(|| cell.power_cut())?;
+                // Journals that skip fdatasync (the negative control) hold
+                // on disk what the kernel wrote back: here, each journal
+                // as it is now. Appends acknowledged from now until the
+                // cut live only in memory, and the cut takes them from
+                // every node at once: the lost writes the checker must
+                // name. (Cut back to the synced lengths alone, the file
+                // headers when nothing is synced, a cell also loses every
+                // vote and every membership not yet sealed, and has so far
+                // never elected again: a run without a verdict.)
+                let written = if cell.spec.unsafe_skip_fsync {
+                    let written = cell.journal_lengths()?;
+                    let at = rec.now();
+                    let acked_by = Instant::now() + Duration::from_millis(5 * t);
+                    while rec.appends_acked_since(at) < 10 && Instant::now() < acked_by {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    written
+                } else {
+                    BTreeMap::new()
+                };
+                let cut = tokio::task::block_in_place(|| cell.power_cut_to(&written))?;
                 (
                     format!("power-cut ({cut} unsynced journal bytes lost)"),
                     (1..=nodes).collect(),

@@ -78,6 +78,23 @@ pub enum Anomaly {
     },
 }
 
+impl Anomaly {
+    /// The anomaly's name, as in the serialized report (`lost`, `diverged`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Anomaly::Lost { .. } => "lost",
+            Anomaly::Duplicate { .. } => "duplicate",
+            Anomaly::Phantom { .. } => "phantom",
+            Anomaly::FailedButPresent { .. } => "failed-but-present",
+            Anomaly::NotPrefix { .. } => "not-prefix",
+            Anomaly::Order { .. } => "order",
+            Anomaly::FutureRead { .. } => "future-read",
+            Anomaly::StaleRead { .. } => "stale-read",
+            Anomaly::Diverged { .. } => "diverged",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Report {
     pub keys: usize,
@@ -362,20 +379,60 @@ mod tests {
     }
 
     fn kinds(r: &Report) -> Vec<&'static str> {
-        r.anomalies
-            .iter()
-            .map(|a| match a {
-                Anomaly::Lost { .. } => "lost",
-                Anomaly::Duplicate { .. } => "duplicate",
-                Anomaly::Phantom { .. } => "phantom",
-                Anomaly::FailedButPresent { .. } => "failed-but-present",
-                Anomaly::NotPrefix { .. } => "not-prefix",
-                Anomaly::Order { .. } => "order",
-                Anomaly::FutureRead { .. } => "future-read",
-                Anomaly::StaleRead { .. } => "stale-read",
-                Anomaly::Diverged { .. } => "diverged",
-            })
-            .collect()
+        r.anomalies.iter().map(Anomaly::kind).collect()
+    }
+
+    #[test]
+    fn every_kind_is_its_serialized_type() {
+        let (key, value) = ("k".to_string(), 1);
+        let all = [
+            Anomaly::Lost {
+                key: key.clone(),
+                value,
+            },
+            Anomaly::Duplicate {
+                key: key.clone(),
+                value,
+                count: 2,
+            },
+            Anomaly::Phantom {
+                key: key.clone(),
+                value,
+            },
+            Anomaly::FailedButPresent {
+                key: key.clone(),
+                value,
+            },
+            Anomaly::NotPrefix {
+                key: key.clone(),
+                process: 1,
+                read: vec![],
+            },
+            Anomaly::Order {
+                key: key.clone(),
+                first: 1,
+                second: 2,
+            },
+            Anomaly::FutureRead {
+                key: key.clone(),
+                process: 1,
+                value,
+            },
+            Anomaly::StaleRead {
+                key: key.clone(),
+                process: 1,
+                value,
+            },
+            Anomaly::Diverged {
+                key,
+                node: 1,
+                read: vec![],
+            },
+        ];
+        for a in all {
+            let v = serde_json::to_value(&a).unwrap();
+            assert_eq!(v["type"], a.kind(), "{a:?}");
+        }
     }
 
     fn base() -> H {

@@ -1,4 +1,4 @@
-//! The subcommands against the client's in-memory fake node.
+//! `stele bench` and its duration parser, against the client's in-memory fake node.
 
 use std::time::Duration;
 
@@ -25,41 +25,6 @@ fn durations() {
     for (input, want) in cases {
         assert_eq!(parse_duration(input).ok(), want, "{input:?}");
     }
-}
-
-#[test]
-fn table_and_json_lines() {
-    let rows = vec![
-        Row {
-            key: b"k1".to_vec(),
-            ts: 5,
-            value: b"hello".to_vec(),
-            position: Some(Position {
-                tablet: 1,
-                index: 2,
-                slot: 3,
-            }),
-        },
-        Row {
-            key: b"longer-key".to_vec(),
-            ts: 12345,
-            value: vec![0xff, b'\n'],
-            position: None,
-        },
-    ];
-    let table = format_table(&rows);
-    let want = "\
-TS     KEY         VALUE  POSITION
-5      k1          hello  1:2:3
-12345  longer-key  \u{fffd}\\n    -
-";
-    assert_eq!(table, want);
-    let j = row_json(&rows[0]);
-    assert_eq!(
-        j,
-        serde_json::json!({"ts": 5, "key": "k1", "value": "hello",
-            "position": {"tablet": 1, "index": 2, "slot": 3}})
-    );
 }
 
 #[test]
@@ -154,46 +119,6 @@ async fn bench_counts_errors_without_stopping() {
     assert_eq!(report.records_acked, 0);
     assert_eq!(report.p50_ms, 0.0);
     assert_eq!(node.lock().append_requests, 0);
-}
-
-#[tokio::test]
-async fn append_then_scan() {
-    let node = FakeNode::one_tablet();
-    let endpoint = node.serve().await.unwrap();
-    for (key, ts) in [("a", 10), ("b", 20), ("a", 30)] {
-        let args = AppendArgs {
-            endpoint: endpoint.clone(),
-            directory: vec![],
-            namespace: "acme/web".into(),
-            key: key.into(),
-            value: format!("v{ts}"),
-            ts: Some(ts),
-            json: false,
-        };
-        let (got_ts, pos) = append_one(&args).await.unwrap();
-        assert_eq!((got_ts, pos.tablet), (ts, 1));
-    }
-    let mut args = ScanArgs {
-        endpoint: endpoint.clone(),
-        directory: vec![],
-        namespace: "acme/web".into(),
-        key: Some("a".into()),
-        prefix: None,
-        from: 0,
-        to: 0,
-        limit: 1000,
-        json: false,
-    };
-    let ts = |rows: Vec<Row>| rows.iter().map(|r| r.ts).collect::<Vec<_>>();
-    assert_eq!(ts(scan_rows(&args).await.unwrap()), [10, 30]);
-    args.key = None;
-    assert_eq!(ts(scan_rows(&args).await.unwrap()), [10, 20, 30]);
-    args.limit = 2;
-    assert_eq!(ts(scan_rows(&args).await.unwrap()), [10, 20]);
-    args.limit = 1000;
-    args.from = 15;
-    args.to = 30;
-    assert_eq!(ts(scan_rows(&args).await.unwrap()), [20]);
 }
 
 #[test]

@@ -1,0 +1,252 @@
+//! `stele server`: a storage node, a controller, or both (`--roles`), or a
+//! directory member alone. This module turns the flags into options and
+//! picks the assembly (`crate::server`); it starts nothing itself.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::server::{ControlRoles, Peering, run_directory, run_server};
+use crate::tuning::{Tuning, node_options};
+
+#[derive(clap::Args)]
+pub struct ServerArgs {
+    /// `node`, `controller`, or both (`node,controller`); or `directory`
+    /// (alone in its process).
+    #[arg(long, value_delimiter = ',', default_value = "node")]
+    roles: Vec<String>,
+    /// Directory member id (directory role).
+    #[arg(long, default_value_t = 0)]
+    directory_id: u64,
+    /// Directory role: create a namespace on first use when a client asks
+    /// (`stele dev` turns this on; off by default).
+    #[arg(long)]
+    auto_create_namespaces: bool,
+    /// The global directory (node role): `URL,...`. With it, the node
+    /// serves only the namespaces the directory placed on its cell
+    /// (`--cell-id`), and refuses others with WrongCell.
+    #[arg(long, value_delimiter = ',')]
+    directory: Vec<String>,
+    /// Node id (node role).
+    #[arg(long, default_value_t = 0)]
+    node_id: u64,
+    /// Controller id (controller role); its quorum member id.
+    #[arg(long, default_value_t = 0)]
+    controller_id: u64,
+    /// The cell's controllers (node role): `URL,...`. With it, the node
+    /// registers with the controller and hosts what it assigns.
+    #[arg(long, value_delimiter = ',')]
+    controllers: Vec<String>,
+    /// Failure domain labels and relative capacity (node role).
+    #[arg(long, default_value = "")]
+    zone: String,
+    #[arg(long, default_value = "")]
+    rack: String,
+    #[arg(long, default_value_t = 1)]
+    capacity: u32,
+    /// Node heartbeat (health lease renewal) period, ms.
+    #[arg(long, default_value_t = 1000)]
+    heartbeat_ms: u64,
+    /// Controller: a node missing heartbeats this long is dead, ms.
+    #[arg(long, default_value_t = 10_000)]
+    lease_ms: u64,
+    /// Controller: a dead node's replicas move away after this much more, ms.
+    #[arg(long, default_value_t = 60_000)]
+    repair_grace_ms: u64,
+    /// Controller: rebalance tablet leaders across nodes this often, ms
+    /// (0: never).
+    #[arg(long, default_value_t = 10_000)]
+    leader_balance_ms: u64,
+    /// Controller: split a tablet by itself once its sealed segments hold
+    /// this many bytes for a whole window (0: never).
+    #[arg(long, default_value_t = 1 << 30)]
+    split_bytes: u64,
+    /// Controller: split a tablet applying this many records per second
+    /// over a whole window (0: never).
+    #[arg(long, default_value_t = 0)]
+    split_writes_per_s: u64,
+    /// Controller: split a tablet serving this many reads per second over a
+    /// whole window (0: never).
+    #[arg(long, default_value_t = 0)]
+    split_reads_per_s: u64,
+    /// Controller: how long a split mark must hold, ms.
+    #[arg(long, default_value_t = 60_000)]
+    split_window_ms: u64,
+    /// Controller: no automatic split or merge of a tablet this soon after
+    /// it last split, merged or was made, ms.
+    #[arg(long, default_value_t = 300_000)]
+    split_cooldown_ms: u64,
+    /// Controller: merge two adjacent tablets by themselves when their
+    /// bytes and rates together stay below this percent of every split
+    /// mark that is on, over a window (0: never; at most 50).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=50))]
+    merge_below_percent: u64,
+    #[arg(long)]
+    listen: SocketAddr,
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// Tablets to create in a new data directory.
+    #[arg(long, default_value_t = 16)]
+    tablets: u32,
+    /// Node-to-node (QUIC) address; needed with --peers.
+    #[arg(long)]
+    peer_listen: Option<SocketAddr>,
+    /// The other nodes of the cell: `ID=HOST:PORT,...` (their --peer-listen).
+    #[arg(long, value_delimiter = ',', value_parser = parse_id_pair)]
+    peers: Vec<(u64, String)>,
+    /// Client endpoints of the other nodes, for leader hints: `ID=URL,...`.
+    #[arg(long, value_delimiter = ',', value_parser = parse_id_pair)]
+    peer_endpoints: Vec<(u64, String)>,
+    /// This node's certificate directory (node.key, node.pem, ca.pem).
+    #[arg(long)]
+    certs: Option<PathBuf>,
+    #[command(flatten)]
+    tuning: Tuning,
+}
+
+fn parse_id_pair(s: &str) -> Result<(u64, String), String> {
+    let (id, rest) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: want ID=VALUE"))?;
+    let id = id.parse().map_err(|_| format!("{id:?} is not a node id"))?;
+    Ok((id, rest.to_string()))
+}
+
+pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
+    let is_node = a.roles.iter().any(|r| r == "node");
+    let is_controller = a.roles.iter().any(|r| r == "controller");
+    if let Some(bad) = a
+        .roles
+        .iter()
+        .find(|r| !matches!(r.as_str(), "node" | "controller" | "directory"))
+    {
+        anyhow::bail!("unknown role {bad:?}: want node, controller, directory");
+    }
+    if a.roles.iter().any(|r| r == "directory") {
+        anyhow::ensure!(
+            !is_node && !is_controller,
+            "the directory role runs alone in its process (its own --listen)"
+        );
+        anyhow::ensure!(
+            a.directory_id > 0,
+            "the directory role needs --directory-id"
+        );
+        let mut d = stele_directory::DirectoryOptions::new(a.directory_id, a.data_dir.clone());
+        d.auto_create = a.auto_create_namespaces;
+        return run_directory(d, a.listen).await;
+    }
+    let controller = if is_controller {
+        anyhow::ensure!(
+            a.controller_id > 0,
+            "the controller role needs --controller-id"
+        );
+        Some(controller_options(&a))
+    } else {
+        None
+    };
+    let controlled = !a.controllers.is_empty();
+    let agent = controlled.then(|| stele_node::agent::AgentOptions {
+        controllers: a.controllers.clone(),
+        client_endpoint: String::new(),
+        peer_endpoint: String::new(),
+        zone: a.zone.clone(),
+        rack: a.rack.clone(),
+        capacity: a.capacity,
+        interval: Duration::from_millis(a.heartbeat_ms),
+        catch_up: Duration::from_secs(60),
+    });
+    let roles = ControlRoles {
+        controller,
+        agent,
+        node: is_node,
+    };
+    let node_dir = if is_controller && is_node {
+        a.data_dir.join("node")
+    } else {
+        a.data_dir.clone()
+    };
+    let mut o = node_options(node_dir, a.node_id, a.tablets, String::new(), &a.tuning);
+    o.controlled = controlled;
+    if !a.directory.is_empty() {
+        o.directory = Some(stele_node::ownership::DirectoryLink {
+            endpoints: a.directory.clone(),
+            cell: a.tuning.cold.cell_id.clone(),
+            timeout: Duration::from_secs(2),
+        });
+    }
+    if is_node {
+        o.tier = a.tuning.cold.open()?;
+    }
+    if controlled {
+        let listen = a.peer_listen.context("--controllers needs --peer-listen")?;
+        let certs = a
+            .certs
+            .clone()
+            .context("--controllers needs --certs (see `stele cert`)")?;
+        return run_server(
+            o,
+            a.listen,
+            "server",
+            Some(Peering {
+                listen,
+                peers: Vec::new(),
+                certs,
+            }),
+            roles,
+        )
+        .await;
+    }
+    if !is_node {
+        return run_server(o, a.listen, "controller", None, roles).await;
+    }
+    let peering = if a.peers.is_empty() {
+        None
+    } else {
+        let listen = a.peer_listen.context("--peers needs --peer-listen")?;
+        let certs = a
+            .certs
+            .context("--peers needs --certs (see `stele cert`)")?;
+        let mut peers = Vec::new();
+        for (id, addr) in &a.peers {
+            let addr: SocketAddr = addr
+                .parse()
+                .with_context(|| format!("peer {id} address {addr:?}"))?;
+            peers.push((*id, addr));
+        }
+        o.cell_nodes = std::iter::once(a.node_id)
+            .chain(peers.iter().map(|(id, _)| *id))
+            .collect();
+        o.cell_nodes.sort_unstable();
+        o.cell_nodes.dedup();
+        o.peer_endpoints = a.peer_endpoints.into_iter().collect();
+        Some(Peering {
+            listen,
+            peers,
+            certs,
+        })
+    };
+    run_server(o, a.listen, "server", peering, roles).await
+}
+
+/// The controller role's options from the flags.
+fn controller_options(a: &ServerArgs) -> stele_controller::ControllerOptions {
+    let mut co = stele_controller::ControllerOptions::new(
+        a.controller_id,
+        a.data_dir.clone(),
+        String::new(),
+    );
+    co.lease = Duration::from_millis(a.lease_ms);
+    co.repair_grace = Duration::from_millis(a.repair_grace_ms);
+    co.leader_balance_every = Duration::from_millis(a.leader_balance_ms);
+    co.split = stele_controller::autosplit::SplitPolicy {
+        bytes: a.split_bytes,
+        writes_per_s: a.split_writes_per_s,
+        reads_per_s: a.split_reads_per_s,
+        window: Duration::from_millis(a.split_window_ms),
+        cooldown: Duration::from_millis(a.split_cooldown_ms),
+        merge_below_percent: a.merge_below_percent,
+    };
+    co
+}

@@ -1,0 +1,82 @@
+//! `stele status`: one node's counters.
+
+use std::io::Write;
+
+use anyhow::Context;
+use clap::Args;
+use stele_client::{Client, ClientOptions};
+
+use super::client::DEFAULT_ENDPOINT;
+
+/// `stele status`: one node's counters (the Status RPC), for people or, with
+/// `--json`, for scripts.
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    #[arg(long, default_value = DEFAULT_ENDPOINT)]
+    pub endpoint: String,
+    /// Print one JSON object instead of `name value` lines.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
+    let client = Client::connect(&args.endpoint, ClientOptions::default())
+        .await
+        .with_context(|| format!("connect {}", args.endpoint))?;
+    let s = client.status_at(&args.endpoint).await?;
+    let numbers = [
+        ("node_id", s.node_id),
+        ("tablets", s.tablets),
+        ("journal_fsyncs", s.journal_fsyncs),
+        ("journal_frames", s.journal_frames),
+        ("journal_bytes", s.journal_bytes),
+        ("journal_files", s.journal_files),
+        ("records_appended", s.records_appended),
+        ("segments_sealed", s.segments_sealed),
+        ("compactions", s.compactions),
+        ("replayed_frames", s.replayed_frames),
+        ("free_bytes", s.free_bytes),
+        ("peer_connections", s.peer_connections),
+        (
+            "peers_with_extra_connections",
+            s.peers_with_extra_connections,
+        ),
+        ("peer_rejected_frames", s.peer_rejected_frames),
+        ("peer_connections_refused", s.peer_connections_refused),
+        ("peer_messages_filtered", s.peer_messages_filtered),
+        ("peer_control_messages", s.peer_control_messages),
+        ("peer_control_batches", s.peer_control_batches),
+        ("segments_fetched", s.segments_fetched),
+        ("snapshots_installed", s.snapshots_installed),
+        ("heartbeat_rounds", s.heartbeat_rounds),
+        ("campaigns", s.campaigns),
+        ("segments_uploaded", s.segments_uploaded),
+        ("segments_evicted", s.segments_evicted),
+        ("manifests_published", s.manifests_published),
+        ("cold_bytes_fetched", s.cold_bytes_fetched),
+        ("cold_bytes_cached", s.cold_bytes_cached),
+    ];
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let mut obj = serde_json::Map::new();
+        obj.insert("version".into(), s.version.clone().into());
+        obj.insert("journal_stopped".into(), s.journal_stopped.clone().into());
+        for (k, v) in numbers {
+            obj.insert(k.into(), v.into());
+        }
+        obj.insert(
+            "peer_filter_blocked".into(),
+            s.peer_filter_blocked.clone().into(),
+        );
+        writeln!(out, "{}", serde_json::Value::Object(obj))?;
+    } else {
+        writeln!(out, "{:<30} {}", "version", s.version)?;
+        for (k, v) in numbers {
+            writeln!(out, "{k:<30} {v}")?;
+        }
+        if !s.journal_stopped.is_empty() {
+            writeln!(out, "{:<30} {}", "journal_stopped", s.journal_stopped)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,295 @@
+//! `stele tablet`: the tablets of a cell: list, show, move, split, merge,
+//! transfer leadership. Changes are intents (`intent`), waited on with
+//! `--wait`.
+
+use anyhow::Context;
+use clap::Subcommand;
+use serde_json::json;
+use stele_client::admin::Admin;
+use stele_proto::pb;
+
+use super::controllers::{Target, admin};
+use super::intent::{intent_json, report_intent};
+
+#[derive(Debug, Subcommand)]
+pub enum TabletCommand {
+    /// Every tablet with its range, generation, replicas and leader.
+    List {
+        #[command(flatten)]
+        target: Target,
+    },
+    Show {
+        id: u64,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Move one voter of a tablet from one node to another.
+    Move {
+        id: u64,
+        #[arg(long)]
+        from: u64,
+        #[arg(long)]
+        to: u64,
+        /// Refuse unless the tablet is still at this generation.
+        #[arg(long, default_value_t = 0)]
+        expect_generation: u64,
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Split a tablet in two on the same nodes: it keeps `[lo, at)`, a new
+    /// tablet takes `[at, hi)`. Writes pause briefly; nothing is lost or
+    /// doubled.
+    Split {
+        id: u64,
+        /// The new tablet's first vshard (default: the middle of the range).
+        #[arg(long)]
+        at: Option<u32>,
+        /// Print the plan and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Refuse unless the tablet is still at this generation.
+        #[arg(long, default_value_t = 0)]
+        expect_generation: u64,
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Merge two adjacent tablets into one: the one with the larger id
+    /// absorbs the other. The absorbed tablet's replicas first move onto
+    /// the survivor's nodes; writes to its range pause while it freezes
+    /// and is adopted; nothing is lost or doubled.
+    Merge {
+        a: u64,
+        b: u64,
+        /// Print the plan and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Refuse unless tablet `a` is still at this generation.
+        #[arg(long, default_value_t = 0)]
+        expect_generation_a: u64,
+        /// Refuse unless tablet `b` is still at this generation.
+        #[arg(long, default_value_t = 0)]
+        expect_generation_b: u64,
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Hand a tablet's leadership to its voter on another node.
+    TransferLeader {
+        id: u64,
+        #[arg(long)]
+        to: u64,
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        wait: bool,
+    },
+}
+
+pub async fn list_tablets(a: &Admin, only: Option<u64>) -> anyhow::Result<Vec<pb::CellTablet>> {
+    Ok(a.call(|mut c| async move {
+        c.list_cell_tablets(pb::ListCellTabletsRequest { tablet: only })
+            .await
+    })
+    .await?
+    .tablets)
+}
+
+fn tablet_json(t: &pb::CellTablet) -> serde_json::Value {
+    json!({
+        "id": t.id, "vshard_lo": t.vshard_lo, "vshard_hi": t.vshard_hi,
+        "generation": t.generation, "leader_node": t.leader_node, "intent": t.intent,
+        "replicas": t.replicas.iter().map(|r| json!({"replica_id": r.replica_id, "node": r.node, "role": r.role})).collect::<Vec<_>>(),
+        "last_change": t.last_change.as_ref().map(intent_json),
+    })
+}
+
+pub async fn run(cmd: TabletCommand) -> anyhow::Result<()> {
+    match cmd {
+        TabletCommand::List { target } => {
+            let tablets = list_tablets(&admin(&target)?, None).await?;
+            if target.json {
+                println!(
+                    "{}",
+                    serde_json::Value::Array(tablets.iter().map(tablet_json).collect())
+                );
+            } else {
+                println!(
+                    "{:>6}  {:>10} {:>10} {:>5} {:>6} {:>6}  voters",
+                    "tablet", "vshard lo", "vshard hi", "gen", "leader", "intent"
+                );
+                for t in &tablets {
+                    let voters: Vec<String> = t
+                        .replicas
+                        .iter()
+                        .map(|r| {
+                            if r.role == "voter" {
+                                r.node.to_string()
+                            } else {
+                                format!("{}({})", r.node, r.role)
+                            }
+                        })
+                        .collect();
+                    println!(
+                        "{:>6}  {:>10} {:>10} {:>5} {:>6} {:>6}  {}",
+                        t.id,
+                        t.vshard_lo,
+                        t.vshard_hi,
+                        t.generation,
+                        t.leader_node,
+                        t.intent,
+                        voters.join(",")
+                    );
+                }
+            }
+            Ok(())
+        }
+        TabletCommand::Show { id, target } => {
+            let tablets = list_tablets(&admin(&target)?, Some(id)).await?;
+            let t = tablets.first().context("no such tablet")?;
+            if target.json {
+                println!("{}", tablet_json(t));
+            } else {
+                println!("tablet {} [{}, {})", t.id, t.vshard_lo, t.vshard_hi);
+                println!("generation {}", t.generation);
+                println!("leader     node {}", t.leader_node);
+                println!(
+                    "intent     {}",
+                    if t.intent == 0 {
+                        "none".into()
+                    } else {
+                        t.intent.to_string()
+                    }
+                );
+                for r in &t.replicas {
+                    println!(
+                        "replica    {} on node {} ({})",
+                        r.replica_id, r.node, r.role
+                    );
+                }
+                if let Some(i) = &t.last_change {
+                    println!("changed    by intent {}: {} — {}", i.id, i.kind, i.state);
+                }
+            }
+            Ok(())
+        }
+        TabletCommand::Move {
+            id,
+            from,
+            to,
+            expect_generation,
+            target,
+            wait,
+        } => {
+            let a = admin(&target)?;
+            let req = pb::MoveTabletRequest {
+                tablet: id,
+                from,
+                to,
+                expect_generation,
+            };
+            let i = a
+                .call(|mut c| async move { c.move_tablet(req).await })
+                .await?;
+            report_intent(&a, i, wait, target.json).await
+        }
+        TabletCommand::Split {
+            id,
+            at,
+            dry_run,
+            expect_generation,
+            target,
+            wait,
+        } => {
+            let a = admin(&target)?;
+            let req = pb::SplitTabletRequest {
+                tablet: id,
+                at: at.unwrap_or(0),
+                dry_run,
+                expect_generation,
+            };
+            let i = a
+                .call(|mut c| async move { c.split_tablet(req).await })
+                .await?;
+            if dry_run {
+                if target.json {
+                    println!("{}", intent_json(&i));
+                } else {
+                    println!(
+                        "plan: split tablet {} [{}, {}) at {}: tablet {} keeps [{}, {}), new tablet {} takes [{}, {}) on the same nodes",
+                        i.tablet,
+                        i.vshard_lo,
+                        i.vshard_hi,
+                        i.at,
+                        i.tablet,
+                        i.vshard_lo,
+                        i.at,
+                        i.child,
+                        i.at,
+                        i.vshard_hi
+                    );
+                }
+                return Ok(());
+            }
+            report_intent(&a, i, wait, target.json).await
+        }
+        TabletCommand::Merge {
+            a: ta,
+            b: tb,
+            dry_run,
+            expect_generation_a,
+            expect_generation_b,
+            target,
+            wait,
+        } => {
+            let a = admin(&target)?;
+            let req = pb::MergeTabletsRequest {
+                a: ta,
+                b: tb,
+                dry_run,
+                expect_generation_a,
+                expect_generation_b,
+            };
+            let i = a
+                .call(|mut c| async move { c.merge_tablets(req).await })
+                .await?;
+            if dry_run {
+                if target.json {
+                    println!("{}", intent_json(&i));
+                } else {
+                    println!(
+                        "plan: merge tablet {} [{}, {}) into tablet {}; {}",
+                        i.absorbed,
+                        i.vshard_lo,
+                        i.vshard_hi,
+                        i.tablet,
+                        if i.detail == "colocating" {
+                            "the absorbed tablet's replicas move onto its nodes first"
+                        } else {
+                            "their replicas are on the same nodes"
+                        }
+                    );
+                }
+                return Ok(());
+            }
+            report_intent(&a, i, wait, target.json).await
+        }
+        TabletCommand::TransferLeader {
+            id,
+            to,
+            target,
+            wait,
+        } => {
+            let a = admin(&target)?;
+            let req = pb::TransferLeaderRequest { tablet: id, to };
+            let i = a
+                .call(|mut c| async move { c.transfer_leader(req).await })
+                .await?;
+            report_intent(&a, i, wait, target.json).await
+        }
+    }
+}

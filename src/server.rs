@@ -1,0 +1,283 @@
+//! Server assembly: what `stele dev` and `stele server` run once their flags
+//! are read. One process serves one client port; on it, in this order:
+//!
+//! ```text
+//! bind --listen ─► controller (controller role: its API and quorum service)
+//!               ─► node (node role): Node::open, or with peers: certificate,
+//!                  QUIC transport, peer filter, Node::open_with_peers
+//!               ─► agent (registers with controllers) or wait for tablets
+//!               ─► serve data API + extra routes ─► print "listening on"
+//!               ─► Ctrl-C / SIGTERM ─► cancel, node, agent, controller down
+//! ```
+//!
+//! A directory member (`--roles directory`) is its own process:
+//! [`run_directory`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use stele_node::{Node, NodeOptions};
+use tokio_util::sync::CancellationToken;
+
+/// The controller side of a process, and the node's link to controllers.
+pub struct ControlRoles {
+    pub controller: Option<stele_controller::ControllerOptions>,
+    /// The node registers with these controllers (node role).
+    pub agent: Option<stele_node::agent::AgentOptions>,
+    /// Run a node at all.
+    pub node: bool,
+}
+
+impl ControlRoles {
+    pub fn node_only() -> ControlRoles {
+        ControlRoles {
+            controller: None,
+            agent: None,
+            node: true,
+        }
+    }
+}
+
+/// Node-to-node settings of a multi-node cell.
+pub struct Peering {
+    pub listen: SocketAddr,
+    pub peers: Vec<(u64, SocketAddr)>,
+    pub certs: PathBuf,
+}
+
+/// An opened node and what its peering leaves running or to hand on.
+struct OpenNode {
+    node: Arc<Node>,
+    /// The agent's way to tell the transport about a peer it learns of.
+    set_peer: Option<stele_node::agent::SetPeer>,
+    /// The peer-filter file watch (fault injection), stopped by `cancel`.
+    filter_watch: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// Runs the roles of one process on `listen` until Ctrl-C or SIGTERM.
+pub async fn run_server(
+    options: NodeOptions,
+    listen: SocketAddr,
+    label: &str,
+    peering: Option<Peering>,
+    roles: ControlRoles,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("bind {listen}"))?;
+    let addr = listener.local_addr()?;
+    let cancel = CancellationToken::new();
+    let mut routes = tonic::service::Routes::default();
+    let controller = match roles.controller {
+        Some(co) => {
+            let c = start_controller(co, addr).await?;
+            let (api, quorum) = c.services();
+            routes = routes.add_service(api).add_service(quorum);
+            Some(c)
+        }
+        None => None,
+    };
+    if !roles.node {
+        serve_until_signal(
+            routes,
+            listener,
+            &format!("stele {label}: controller listening on http://{addr}"),
+        )
+        .await?;
+        if let Some(c) = controller {
+            c.shutdown().await;
+        }
+        return Ok(());
+    }
+    let mut options = options;
+    options.advertise = format!("http://{addr}");
+    let data_dir = options.data_dir.clone();
+    let tablets = options.initial_tablets;
+    let peer_listen = peering.as_ref().map(|p| p.listen);
+    let OpenNode {
+        node,
+        set_peer,
+        filter_watch,
+    } = open_node(options, peering, &cancel).await?;
+    let agent = match roles.agent {
+        Some(mut ao) => {
+            ao.client_endpoint = format!("http://{addr}");
+            if ao.peer_endpoint.is_empty() {
+                ao.peer_endpoint = peer_listen.map(|a| a.to_string()).unwrap_or_default();
+            }
+            let agent = stele_node::agent::Agent::new(node.clone(), ao, set_peer);
+            Some(tokio::spawn(agent.run()))
+        }
+        None => {
+            node.wait_ready(Duration::from_secs(60))
+                .await
+                .context("tablets not ready")?;
+            None
+        }
+    };
+    let server = tokio::spawn(stele_node::service::serve_with(
+        Some(node.clone()),
+        routes,
+        listener,
+        cancel.clone(),
+    ));
+    println!(
+        "stele {label}: listening on http://{addr} (data dir {}, {} tablets, replayed {} journal frames)",
+        data_dir.display(),
+        node.replica_count()
+            .max(tablets as usize)
+            .min(node.replica_count()),
+        node.stats
+            .replayed_frames
+            .load(std::sync::atomic::Ordering::Relaxed),
+    );
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+        r = server => { r??; }
+    }
+    cancel.cancel();
+    if let Some(watch) = filter_watch {
+        let _ = watch.await;
+    }
+    node.shutdown().await;
+    if let Some(a) = agent {
+        let _ = a.await;
+    }
+    if let Some(c) = controller {
+        c.shutdown().await;
+    }
+    Ok(())
+}
+
+/// Starts the controller role; it advertises this process's client port
+/// unless told otherwise.
+async fn start_controller(
+    mut co: stele_controller::ControllerOptions,
+    addr: SocketAddr,
+) -> anyhow::Result<Arc<stele_controller::Controller>> {
+    if co.advertise.is_empty() {
+        co.advertise = format!("http://{addr}");
+    }
+    stele_controller::Controller::start(co)
+        .await
+        .context("start controller")
+}
+
+/// Opens the node: alone, or with its certificate, QUIC transport and peer
+/// filter when it has peers.
+async fn open_node(
+    options: NodeOptions,
+    peering: Option<Peering>,
+    cancel: &CancellationToken,
+) -> anyhow::Result<OpenNode> {
+    let Some(p) = peering else {
+        let node = Node::open(options).await.context("open node")?;
+        return Ok(OpenNode {
+            node,
+            set_peer: None,
+            filter_watch: None,
+        });
+    };
+    use stele_node::peering::{RaftHandler, SharedTransport};
+    use stele_node::transport::{Transport, TransportOptions};
+    let identity = stele_node::certs::NodeIdentity::load(&p.certs)
+        .with_context(|| format!("load node certificate from {}", p.certs.display()))?;
+    anyhow::ensure!(
+        identity.node_id() == options.node_id,
+        "certificate in {} is for node {}, not {}",
+        p.certs.display(),
+        identity.node_id(),
+        options.node_id
+    );
+    let handler = RaftHandler::new();
+    let transport = Transport::bind(
+        TransportOptions::new(options.node_id, p.listen, identity),
+        handler.clone(),
+    )
+    .context("bind peer transport")?;
+    for (id, peer) in &p.peers {
+        transport.set_peer(*id, *peer);
+    }
+    let transport = Arc::new(transport);
+    let t = transport.clone();
+    let set_peer: stele_node::agent::SetPeer = Arc::new(move |id, addr| t.set_peer(id, addr));
+    // Fault injection for partition tests: a file of node ids to cut off,
+    // reread while the process runs (docs/OPERATIONS.md).
+    let filter = options.peer_filter.clone();
+    let mut filter_watch = None;
+    if let Some(path) = std::env::var_os("STELE_PEER_BLOCK_FILE") {
+        tracing::warn!(file = ?path, "peer filter armed from STELE_PEER_BLOCK_FILE (fault injection)");
+        filter_watch = Some(filter.clone().watch_file(
+            path.into(),
+            stele_node::peering::WATCH_INTERVAL,
+            cancel.clone(),
+        ));
+    }
+    let peers = SharedTransport(transport.clone(), filter);
+    let node = Node::open_with_peers(options, Some(peers))
+        .await
+        .context("open node")?;
+    handler.set_node(&node);
+    node.set_transport(transport);
+    Ok(OpenNode {
+        node,
+        set_peer: Some(set_peer),
+        filter_watch,
+    })
+}
+
+/// A directory member: its quorum and API on one port, until SIGTERM.
+pub async fn run_directory(
+    opts: stele_directory::DirectoryOptions,
+    listen: SocketAddr,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("bind {listen}"))?;
+    let addr = listener.local_addr()?;
+    let d = stele_directory::Directory::start(opts)
+        .await
+        .context("start directory")?;
+    let (api, quorum) = d.services();
+    let routes = tonic::service::Routes::default()
+        .add_service(api)
+        .add_service(quorum);
+    serve_until_signal(
+        routes,
+        listener,
+        &format!("stele directory: listening on http://{addr}"),
+    )
+    .await?;
+    d.shutdown().await;
+    Ok(())
+}
+
+/// Serves `routes` (no data API) on `listener`, prints `ready`, and returns
+/// after Ctrl-C or SIGTERM (or an error of the server), the server stopped.
+async fn serve_until_signal(
+    routes: tonic::service::Routes,
+    listener: tokio::net::TcpListener,
+    ready: &str,
+) -> anyhow::Result<()> {
+    let cancel = CancellationToken::new();
+    let server = tokio::spawn(stele_node::service::serve_with(
+        None,
+        routes,
+        listener,
+        cancel.clone(),
+    ));
+    println!("{ready}");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+        r = server => { r??; }
+    }
+    cancel.cancel();
+    Ok(())
+}

@@ -1,0 +1,233 @@
+//! Storage and cold-tier settings shared by `stele dev` and `stele server`:
+//! the flags, the same flags again for child processes (`to_args`), and the
+//! node options they make (`node_options`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use stele_node::NodeOptions;
+
+/// Storage tuning shared by `dev` and `server`.
+#[derive(clap::Args)]
+pub struct Tuning {
+    /// Seal a tablet's memtable at this many bytes.
+    #[arg(long, default_value_t = 32 << 20)]
+    pub memtable_bytes_max: usize,
+    /// Seal a tablet's memtable once its oldest row is this old, so a quiet
+    /// tablet's data reaches a segment (and the cold tier) in bounded time.
+    #[arg(long, default_value_t = 300)]
+    pub memtable_age_max_s: u64,
+    /// Compact runs of (at least 4) segments smaller than a quarter of this
+    /// into segments of up to this many bytes; 0 turns compaction off.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub compact_target_bytes: u64,
+    /// Roll journal files at this size.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub journal_file_bytes_max: u64,
+    /// Force-seal tablets holding back journal trim past this many retained bytes.
+    #[arg(long, default_value_t = 1 << 30)]
+    pub journal_retained_bytes_max: u64,
+    /// Refuse appends with StorageFull below this much free space.
+    #[arg(long, default_value_t = 256 << 20)]
+    pub disk_reserve_bytes: u64,
+    /// The journal's own last-resort reserve (must be at most disk-reserve-bytes).
+    #[arg(long, default_value_t = 64 << 20)]
+    pub journal_reserve_bytes: u64,
+    /// Group-commit linger, in microseconds.
+    #[arg(long, default_value_t = 2000)]
+    pub linger_us: u64,
+    /// Largest batch (keys + values) one append may carry.
+    #[arg(long, default_value_t = stele_proto::limits::BATCH_BYTES_MAX_DEFAULT)]
+    pub batch_bytes_max: usize,
+    /// Most records one append may carry.
+    #[arg(long, default_value_t = stele_proto::limits::BATCH_RECORDS_MAX_DEFAULT)]
+    pub batch_records_max: usize,
+    /// Tablet election timeout T, in ms: a follower that has not heard from
+    /// its leader for a random time in [T, 2T) campaigns; heartbeats every T/3.
+    #[arg(long, default_value_t = 3000)]
+    pub election_timeout_ms: u64,
+    #[command(flatten)]
+    pub cold: ColdTierArgs,
+}
+
+/// The cold tier (object storage). `stele dev` defaults to
+/// `file://<data-dir>/bucket`; `stele server` has none unless given.
+#[derive(clap::Args, Clone)]
+pub struct ColdTierArgs {
+    /// Object store for sealed segments: `file:///abs/dir` or
+    /// `s3://bucket/prefix`. S3 credentials come from --s3-access-key-id /
+    /// --s3-secret-access-key or the standard AWS_* environment variables.
+    #[arg(long)]
+    pub object_store: Option<String>,
+    /// Opaque cell id, part of every object key ([a-z0-9-], at most 64).
+    #[arg(long, default_value = "dev")]
+    pub cell_id: String,
+    /// S3 endpoint override (path-style requests); http is allowed for
+    /// loopback endpoints, elsewhere only with --s3-allow-http.
+    #[arg(long)]
+    pub s3_endpoint: Option<String>,
+    #[arg(long)]
+    pub s3_region: Option<String>,
+    #[arg(long)]
+    pub s3_allow_http: bool,
+    #[arg(long)]
+    pub s3_access_key_id: Option<String>,
+    #[arg(long)]
+    pub s3_secret_access_key: Option<String>,
+    /// Keep an uploaded segment locally at least this long (seconds) unless
+    /// the disk passes 70% used.
+    #[arg(long, default_value_t = 24 * 3600)]
+    pub hot_age_s: u64,
+    /// Bytes of cold blocks cached in memory.
+    #[arg(long, default_value_t = 256 << 20)]
+    pub cold_cache_bytes_max: u64,
+    /// Namespace retention, `NAMESPACE=SECONDS` (repeatable): whole
+    /// segments of that namespace older than the period are dropped, locally
+    /// and in the bucket. Needs --object-store.
+    #[arg(long)]
+    pub retention: Vec<String>,
+}
+
+impl ColdTierArgs {
+    pub fn to_args(&self) -> Vec<String> {
+        let mut out = vec![
+            "--cell-id".to_string(),
+            self.cell_id.clone(),
+            "--hot-age-s".into(),
+            self.hot_age_s.to_string(),
+            "--cold-cache-bytes-max".into(),
+            self.cold_cache_bytes_max.to_string(),
+        ];
+        for (flag, v) in [
+            ("--object-store", &self.object_store),
+            ("--s3-endpoint", &self.s3_endpoint),
+            ("--s3-region", &self.s3_region),
+            ("--s3-access-key-id", &self.s3_access_key_id),
+            ("--s3-secret-access-key", &self.s3_secret_access_key),
+        ] {
+            if let Some(v) = v {
+                out.extend([flag.to_string(), v.clone()]);
+            }
+        }
+        if self.s3_allow_http {
+            out.push("--s3-allow-http".into());
+        }
+        for r in &self.retention {
+            out.extend(["--retention".to_string(), r.clone()]);
+        }
+        out
+    }
+
+    /// The node's cold tier, if one is configured.
+    pub fn open(&self) -> anyhow::Result<Option<Arc<stele_node::tier::Tier>>> {
+        let Some(url) = &self.object_store else {
+            return Ok(None);
+        };
+        let mut o = stele_node::tier::TierOptions::new(url.clone(), self.cell_id.clone());
+        o.s3_endpoint = self.s3_endpoint.clone();
+        o.s3_region = self.s3_region.clone();
+        let loopback = self.s3_endpoint.as_deref().is_some_and(|e| {
+            ["http://127.", "http://localhost", "http://[::1]"]
+                .iter()
+                .any(|p| e.starts_with(p))
+        });
+        o.s3_allow_http = self.s3_allow_http || loopback;
+        o.s3_access_key_id = self.s3_access_key_id.clone();
+        o.s3_secret_access_key = self.s3_secret_access_key.clone();
+        o.hot_age = Duration::from_secs(self.hot_age_s);
+        o.cache_bytes_max = self.cold_cache_bytes_max;
+        for r in &self.retention {
+            let (ns, secs) = r
+                .rsplit_once('=')
+                .with_context(|| format!("--retention {r:?}: want NAMESPACE=SECONDS"))?;
+            let secs: u64 = secs
+                .parse()
+                .with_context(|| format!("--retention {r:?}: {secs:?} is not seconds"))?;
+            o.retention
+                .insert(ns.to_string(), Duration::from_secs(secs));
+        }
+        let tier =
+            stele_node::tier::Tier::open(o).with_context(|| format!("object store {url}"))?;
+        Ok(Some(tier))
+    }
+}
+
+impl Tuning {
+    /// The same settings as command-line flags (for child processes).
+    pub fn to_args(&self) -> Vec<String> {
+        [
+            ("--memtable-bytes-max", self.memtable_bytes_max.to_string()),
+            ("--memtable-age-max-s", self.memtable_age_max_s.to_string()),
+            (
+                "--compact-target-bytes",
+                self.compact_target_bytes.to_string(),
+            ),
+            (
+                "--journal-file-bytes-max",
+                self.journal_file_bytes_max.to_string(),
+            ),
+            (
+                "--journal-retained-bytes-max",
+                self.journal_retained_bytes_max.to_string(),
+            ),
+            ("--disk-reserve-bytes", self.disk_reserve_bytes.to_string()),
+            (
+                "--journal-reserve-bytes",
+                self.journal_reserve_bytes.to_string(),
+            ),
+            ("--linger-us", self.linger_us.to_string()),
+            ("--batch-bytes-max", self.batch_bytes_max.to_string()),
+            ("--batch-records-max", self.batch_records_max.to_string()),
+            (
+                "--election-timeout-ms",
+                self.election_timeout_ms.to_string(),
+            ),
+        ]
+        .into_iter()
+        .flat_map(|(k, v)| [k.to_string(), v])
+        .chain(self.cold.to_args())
+        .collect()
+    }
+}
+
+pub fn node_options(
+    data_dir: PathBuf,
+    node_id: u64,
+    tablets: u32,
+    advertise: String,
+    t: &Tuning,
+) -> NodeOptions {
+    let mut o = NodeOptions::new(data_dir);
+    o.node_id = node_id;
+    o.initial_tablets = tablets;
+    o.advertise = advertise;
+    o.tablet.memtable_bytes_max = t.memtable_bytes_max;
+    o.tablet.memtable_age_max_us = t.memtable_age_max_s.saturating_mul(1_000_000);
+    o.tablet.compact_target_bytes = t.compact_target_bytes;
+    o.journal.file_bytes_max = t.journal_file_bytes_max;
+    o.journal.linger = Duration::from_micros(t.linger_us);
+    o.journal.reserve_bytes = t.journal_reserve_bytes;
+    o.journal.faults = Arc::new(stele_node::journal::Faults::from_env());
+    o.journal_retained_bytes_max = t.journal_retained_bytes_max;
+    o.disk_reserve_bytes = t.disk_reserve_bytes;
+    o.batch_bytes_max = t.batch_bytes_max;
+    o.batch_records_max = t.batch_records_max;
+    // One batch is one journal frame: size the frame limit from the batch.
+    o.journal.frame_payload_bytes_max = t.batch_bytes_max + o.batch_records_max * 64 + 64 * 1024;
+    o.raft = stele_node::raft::RaftTiming::for_election_timeout(t.election_timeout_ms);
+    if std::env::var("STELE_UNSAFE_LOCAL_READS").is_ok_and(|v| v == "1") {
+        tracing::error!(
+            "STELE_UNSAFE_LOCAL_READS=1: linearizable reads skip the read index; this node can serve stale reads (jepsen negative control only)"
+        );
+        o.unsafe_local_reads = true;
+    }
+    if std::env::var("STELE_UNSAFE_LEADER_RESTORE").is_ok_and(|v| v == "1") {
+        tracing::error!(
+            "STELE_UNSAFE_LEADER_RESTORE=1: a restarted tablet leader resumes its term without an election; replicas can diverge after a power cut (jepsen negative control only)"
+        );
+        o.unsafe_leader_restore = true;
+    }
+    o
+}
