@@ -549,7 +549,7 @@ async fn run_server(
             let node = Node::open_with_peers(options, Some(peers))
                 .await
                 .context("open node")?;
-            handler.set_node(&node);
+            handler.attach(node.receiver());
             node.set_transport(transport);
             node
         }
@@ -571,7 +571,7 @@ async fn run_server(
         }
     };
     let server = tokio::spawn(stele_node::service::serve_with(
-        Some(node.clone()),
+        Some(node.data_service()),
         routes,
         listener,
         cancel.clone(),

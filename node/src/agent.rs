@@ -15,8 +15,9 @@ use std::time::Duration;
 use stele_proto::pb;
 use tonic::transport::Channel;
 
-use crate::node::{Node, ReplicaSpec};
+use crate::endpoints::Endpoints;
 use crate::raft::membership::{self, Step};
+use crate::replicas::{ReplicaSet, ReplicaSpec};
 
 #[derive(Debug, Clone)]
 pub struct AgentOptions {
@@ -46,8 +47,16 @@ pub struct AgentStats {
     pub membership_changes: std::sync::atomic::AtomicU64,
 }
 
+/// What the agent acts on: the node's replicas (it creates and removes
+/// them) and its address book (it learns the other nodes' endpoints).
+pub struct AgentHandles {
+    pub replicas: ReplicaSet,
+    pub endpoints: Arc<Endpoints>,
+}
+
 pub struct Agent {
-    node: Arc<Node>,
+    replicas: ReplicaSet,
+    endpoints: Arc<Endpoints>,
     opts: AgentOptions,
     set_peer: Option<SetPeer>,
     /// Tablets with a reconcile task running.
@@ -58,9 +67,18 @@ pub struct Agent {
 }
 
 impl Agent {
-    pub fn new(node: Arc<Node>, opts: AgentOptions, set_peer: Option<SetPeer>) -> Agent {
+    pub fn new(
+        node: impl Into<AgentHandles>,
+        opts: AgentOptions,
+        set_peer: Option<SetPeer>,
+    ) -> Agent {
+        let AgentHandles {
+            replicas,
+            endpoints,
+        } = node.into();
         Agent {
-            node,
+            replicas,
+            endpoints,
             opts,
             set_peer,
             busy: Default::default(),
@@ -78,7 +96,7 @@ impl Agent {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = self.node.cancelled() => return,
+                _ = self.replicas.cancelled() => return,
                 _ = tick.tick() => {}
             }
             if self.opts.controllers.is_empty() {
@@ -156,7 +174,7 @@ impl Agent {
 
     fn heartbeat_request(&self) -> pb::HeartbeatRequest {
         let replicas = self
-            .node
+            .replicas
             .replicas()
             .iter()
             .map(|r| {
@@ -184,7 +202,7 @@ impl Agent {
             .collect();
         pb::HeartbeatRequest {
             node: Some(pb::NodeRegistration {
-                id: self.node.options.node_id,
+                id: self.replicas.node_id(),
                 client_endpoint: self.opts.client_endpoint.clone(),
                 peer_endpoint: self.opts.peer_endpoint.clone(),
                 zone: self.opts.zone.clone(),
@@ -196,7 +214,7 @@ impl Agent {
     }
 
     async fn apply(&self, r: pb::HeartbeatResponse) {
-        let me = self.node.options.node_id;
+        let me = self.replicas.node_id();
         for p in &r.peers {
             if p.node == me {
                 continue;
@@ -209,7 +227,7 @@ impl Agent {
                 }
             }
         }
-        self.node.learn_endpoints(
+        self.endpoints.learn(
             r.peers
                 .iter()
                 .filter(|p| p.node != me)
@@ -224,7 +242,7 @@ impl Agent {
                 range_generation: a.range_generation,
             };
             let voters: Vec<u64> = a.voters.iter().map(|v| v.replica_id).collect();
-            let replica = match self.node.replica(a.tablet) {
+            let replica = match self.replicas.replica(a.tablet) {
                 Some(r) if r.replica_id == a.replica_id => r,
                 Some(r) => {
                     tracing::warn!(
@@ -237,7 +255,7 @@ impl Agent {
                 }
                 None => {
                     let init = a.initialize.then_some(voters.as_slice());
-                    match self.node.create_replica(&spec, init).await {
+                    match self.replicas.create_replica(&spec, init).await {
                         Ok(r) => {
                             self.stats
                                 .replicas_created
@@ -308,13 +326,13 @@ impl Agent {
                 continue;
             }
             let tablet = self
-                .node
+                .replicas
                 .replicas()
                 .into_iter()
                 .find(|x| x.replica_id == rr.replica_id)
                 .map(|x| x.tablet.id);
             if let Some(tablet) = tablet {
-                match self.node.remove_replica(tablet, rr.replica_id).await {
+                match self.replicas.remove_replica(tablet, rr.replica_id).await {
                     Ok(true) => {
                         self.stats
                             .replicas_removed
@@ -331,7 +349,7 @@ impl Agent {
 impl Agent {
     /// Proposes the merge step the controller ordered, unless the group
     /// has applied it already or a proposal is in flight.
-    fn propose_merge(&self, replica: &Arc<crate::node::Replica>, order: &pb::MergeOrder) {
+    fn propose_merge(&self, replica: &Arc<crate::raft::Replica>, order: &pb::MergeOrder) {
         use stele_proto::command::TabletCommand;
         let t = &replica.tablet;
         let cmd = match order.action.as_str() {
@@ -361,7 +379,7 @@ impl Agent {
         let (replica, busy) = (replica.clone(), self.busy.clone());
         tokio::spawn(async move {
             let what = cmd.to_string();
-            match replica.raft.client_write(cmd).await {
+            match replica.propose(cmd).await {
                 Ok(_) => tracing::info!(tablet, step = %what, "merge step proposed and applied"),
                 Err(e) => {
                     tracing::warn!(tablet, step = %what, error = %e, "merge step not proposed; retried on the next heartbeat")
@@ -375,7 +393,7 @@ impl Agent {
     /// published as its own at a later generation: the absorbed side of a
     /// merge this node learned by snapshot rather than by applying it.
     async fn remove_absorbed(&self) {
-        let replicas = self.node.replicas();
+        let replicas = self.replicas.replicas();
         for x in &replicas {
             if !x.tablet.is_frozen() {
                 continue;
@@ -390,7 +408,11 @@ impl Agent {
                     && p.generation > x.tablet.generation()
             });
             if covered {
-                match self.node.remove_replica(x.tablet.id, x.replica_id).await {
+                match self
+                    .replicas
+                    .remove_replica(x.tablet.id, x.replica_id)
+                    .await
+                {
                     Ok(true) => tracing::info!(
                         tablet = x.tablet.id,
                         "merged away (learned by snapshot): replica removed"
@@ -408,7 +430,7 @@ impl Agent {
     /// applied it (its range no longer reaches past `at`) or a proposal is
     /// in flight. The child's replica on this node (the leader's) comes
     /// first, so it is the one that creates the child group at once.
-    fn propose_split(&self, replica: &Arc<crate::node::Replica>, order: &pb::SplitOrder) {
+    fn propose_split(&self, replica: &Arc<crate::raft::Replica>, order: &pb::SplitOrder) {
         let (lo, hi) = replica.tablet.range();
         if order.at <= lo || u64::from(order.at) >= hi {
             return;
@@ -417,7 +439,7 @@ impl Agent {
         if !self.busy.lock().expect("lock poisoned").insert(tablet) {
             return;
         }
-        let me = self.node.options.node_id;
+        let me = self.replicas.node_id();
         let mut child_replicas: Vec<u64> = order
             .child_replicas
             .iter()
@@ -439,7 +461,7 @@ impl Agent {
         };
         let (replica, busy) = (replica.clone(), self.busy.clone());
         tokio::spawn(async move {
-            match replica.raft.client_write(cmd).await {
+            match replica.propose(cmd).await {
                 Ok(_) => tracing::info!(tablet, "split proposed and applied"),
                 Err(e) => {
                     tracing::warn!(tablet, error = %e, "split proposal failed; retried on the next heartbeat")

@@ -56,7 +56,10 @@ impl Peers for LoopPeers {
                 .get(&node)
                 .and_then(Weak::upgrade)
                 .ok_or("no such node")?;
-            n.handle_raft(group, target, &body).await
+            n.receiver()
+                .deliver(group, target, &body)
+                .await
+                .map_err(|e| e.to_string())
         })
     }
 }
