@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
 use stele_proto::command::{
     AppendBatch, Expect, Pos, RecordIn, TabletCommand, TabletResponse, batch_id_halves,
 };
@@ -19,109 +18,20 @@ use stele_proto::{Error as ApiError, vshard};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-use crate::catalog::Catalog;
-use crate::disk::Disk;
 use crate::endpoints::Endpoints;
-use crate::journal::Journal;
-use crate::ownership::Ownership;
-use crate::peering::PeerFilter;
-use crate::raft::pacer::PacerStats;
+use crate::raft::Replica;
 use crate::raft::replica::ProposeError;
 use crate::raft::router::node_of;
-use crate::raft::{NodeStats, Replica};
-use crate::replicas::ReplicaSet;
 use crate::segment::Row;
 
-/// Named fail points of one node's data service, for in-process tests: each
-/// node has its own, so arming one never reaches a test running beside it.
-#[derive(Debug, Default)]
-pub struct FailPoints {
-    /// Milliseconds every key read sleeps between its read barrier and its
-    /// read; 0: none.
-    key_read_delay_ms: std::sync::atomic::AtomicU64,
-    /// Key reads that have entered that sleep (a test waits for one).
-    key_reads_delayed: std::sync::atomic::AtomicU64,
-}
+mod options;
+mod page;
 
-impl FailPoints {
-    /// Every `ScanKey` then waits `ms` after its read barrier, as a read
-    /// does that waits behind a slow apply, so a split can cut its range
-    /// under it. 0 disarms.
-    pub fn delay_key_reads(&self, ms: u64) {
-        self.key_read_delay_ms.store(ms, Ordering::SeqCst);
-    }
-
-    /// How many key reads have entered the delay so far.
-    pub fn key_reads_delayed(&self) -> u64 {
-        self.key_reads_delayed.load(Ordering::SeqCst)
-    }
-
-    fn key_read_delay(&self) -> Option<Duration> {
-        match self.key_read_delay_ms.load(Ordering::SeqCst) {
-            0 => None,
-            ms => {
-                self.key_reads_delayed.fetch_add(1, Ordering::SeqCst);
-                Some(Duration::from_millis(ms))
-            }
-        }
-    }
-}
-
-/// The data service's own settings (from `NodeOptions`).
-#[derive(Clone)]
-pub struct DataOptions {
-    pub node_id: u64,
-    /// The cell controller assigns the replicas (route generations then
-    /// may run ahead of a range's).
-    pub controlled: bool,
-    /// Jepsen's negative control (`NodeOptions::unsafe_local_reads`).
-    pub unsafe_local_reads: bool,
-    pub value_bytes_max: usize,
-    pub batch_bytes_max: usize,
-    pub batch_records_max: usize,
-    /// Refuse appends with `StorageFull` when free space falls below this.
-    pub disk_reserve_bytes: u64,
-    pub peer_filter: Arc<PeerFilter>,
-    pub tier: Option<Arc<crate::tier::Tier>>,
-    pub fail_points: Arc<FailPoints>,
-}
-
-/// Everything the data service reads or proposes to.
-pub struct DataParts {
-    pub options: DataOptions,
-    pub replicas: ReplicaSet,
-    pub endpoints: Arc<Endpoints>,
-    pub journal: Journal,
-    pub catalog: Catalog,
-    pub disk: Disk,
-    /// Namespace owners, when the cell is directory-managed.
-    pub ownership: Option<Arc<Ownership>>,
-    pub stats: Arc<NodeStats>,
-    pub pacer_stats: Arc<PacerStats>,
-}
-
-/// Rows returned by one read when the request names no limit.
-pub const READ_LIMIT_DEFAULT: usize = 1000;
-/// Most rows one read returns, whatever the request asks.
-pub const READ_LIMIT_MAX: usize = 10_000;
-/// A read response stops adding rows past this many key and value bytes
-/// (always returning at least one row) and hands back a cursor, so a page
-/// of large values stays well under gRPC message limits.
-pub const READ_BYTES_MAX: usize = 4 << 20;
-
-/// How many leading rows fit the byte budget (at least one).
-fn rows_within_budget<'a>(rows: impl Iterator<Item = &'a Row>) -> usize {
-    let mut bytes = 0;
-    let mut n = 0;
-    for row in rows {
-        bytes += row.key.len() + row.value.len() + 64;
-        if n > 0 && bytes > READ_BYTES_MAX {
-            break;
-        }
-        n += 1;
-    }
-    n
-}
+pub use options::{DataOptions, DataParts, FailPoints};
+use page::{
+    KeyCursor, ScanCursor, decode_cursor, encode_cursor, limit_of, rows_within_budget, ts_to_of,
+};
+pub use page::{READ_BYTES_MAX, READ_LIMIT_DEFAULT, READ_LIMIT_MAX};
 
 #[derive(Clone)]
 pub struct DataService {
@@ -132,18 +42,6 @@ impl DataService {
     pub fn new(parts: DataParts) -> DataService {
         DataService {
             node: Arc::new(parts),
-        }
-    }
-}
-
-impl DataParts {
-    /// Ok if this node may serve `namespace`: always, unless the cell is
-    /// directory-managed and the directory placed it on another cell
-    /// (`WrongCell`) or nowhere (`NamespaceNotFound`).
-    async fn check_namespace(&self, namespace: &str) -> Result<(), ApiError> {
-        match &self.ownership {
-            None => Ok(()),
-            Some(o) => o.check(namespace, &self.catalog).await,
         }
     }
 }
@@ -184,17 +82,6 @@ pub fn descriptor(endpoints: &Endpoints, r: &Replica) -> pb::TabletDescriptor {
     }
 }
 
-fn limit_of(limit: u32) -> usize {
-    match limit as usize {
-        0 => READ_LIMIT_DEFAULT,
-        n => n.min(READ_LIMIT_MAX),
-    }
-}
-
-fn ts_to_of(ts_to: u64) -> u64 {
-    if ts_to == 0 { u64::MAX } else { ts_to }
-}
-
 fn row_to_pb(tablet: u64, row: Row) -> pb::Row {
     pb::Row {
         position: Some(crate::tablet::pos_of(tablet, &row).into()),
@@ -202,42 +89,6 @@ fn row_to_pb(tablet: u64, row: Row) -> pb::Row {
         ts: row.ts,
         value: row.value,
     }
-}
-
-/// Cursor of a namespace scan: the last row returned.
-#[derive(Serialize, Deserialize)]
-struct ScanCursor {
-    ts: u64,
-    #[serde(with = "serde_bytes")]
-    key: Vec<u8>,
-    tablet: u64,
-    index: u64,
-    slot: u32,
-}
-
-/// Cursor of a key scan: the last row returned.
-#[derive(Serialize, Deserialize)]
-struct KeyCursor {
-    ts: u64,
-    index: u64,
-    slot: u32,
-    /// The row's position tablet (its parent's, for a row a split child
-    /// shares). Absent in cursors from before splits.
-    #[serde(default)]
-    tablet: u64,
-}
-
-fn decode_cursor<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<Option<T>, ApiError> {
-    if bytes.is_empty() {
-        return Ok(None);
-    }
-    ciborium::from_reader(bytes)
-        .map(Some)
-        .map_err(|_| invalid("cursor", "not a cursor this server issued"))
-}
-
-fn encode_cursor<T: Serialize>(c: &T) -> Vec<u8> {
-    crate::catalog::to_cbor(c)
 }
 
 impl DataService {
