@@ -119,7 +119,7 @@ pub async fn run_server(
         }
     };
     let server = tokio::spawn(stele_node::service::serve_with(
-        Some(node.clone()),
+        Some(node.data_service()),
         routes,
         listener,
         cancel.clone(),
@@ -222,7 +222,7 @@ async fn open_node(
     let node = Node::open_with_peers(options, Some(peers))
         .await
         .context("open node")?;
-    handler.set_node(&node);
+    handler.attach(node.receiver());
     node.set_transport(transport);
     Ok(OpenNode {
         node,

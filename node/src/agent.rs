@@ -15,8 +15,9 @@ use std::time::Duration;
 use stele_client::admin::Admin;
 use stele_proto::pb;
 
-use crate::node::{Node, ReplicaSpec};
+use crate::endpoints::Endpoints;
 use crate::raft::membership::{self, Step};
+use crate::replicas::{ReplicaSet, ReplicaSpec};
 
 #[derive(Debug, Clone)]
 pub struct AgentOptions {
@@ -51,8 +52,16 @@ const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest wait for a connection to a controller.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// What the agent acts on: the node's replicas (it creates and removes
+/// them) and its address book (it learns the other nodes' endpoints).
+pub struct AgentHandles {
+    pub replicas: ReplicaSet,
+    pub endpoints: Arc<Endpoints>,
+}
+
 pub struct Agent {
-    node: Arc<Node>,
+    replicas: ReplicaSet,
+    endpoints: Arc<Endpoints>,
     opts: AgentOptions,
     /// The controllers, leader followed; `None` when none are configured
     /// or their endpoints are unusable (then no heartbeat is sent).
@@ -66,9 +75,18 @@ pub struct Agent {
 }
 
 impl Agent {
-    pub fn new(node: Arc<Node>, opts: AgentOptions, set_peer: Option<SetPeer>) -> Agent {
+    pub fn new(
+        node: impl Into<AgentHandles>,
+        opts: AgentOptions,
+        set_peer: Option<SetPeer>,
+    ) -> Agent {
+        let AgentHandles {
+            replicas,
+            endpoints,
+        } = node.into();
         Agent {
-            node,
+            replicas,
+            endpoints,
             controllers: controllers(&opts.controllers),
             opts,
             set_peer,
@@ -86,7 +104,7 @@ impl Agent {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = self.node.cancelled() => return,
+                _ = self.replicas.cancelled() => return,
                 _ = tick.tick() => {}
             }
             let Some(controllers) = &self.controllers else {
@@ -119,7 +137,7 @@ impl Agent {
 
     fn heartbeat_request(&self) -> pb::HeartbeatRequest {
         let replicas = self
-            .node
+            .replicas
             .replicas()
             .iter()
             .map(|r| {
@@ -147,7 +165,7 @@ impl Agent {
             .collect();
         pb::HeartbeatRequest {
             node: Some(pb::NodeRegistration {
-                id: self.node.options.node_id,
+                id: self.replicas.node_id(),
                 client_endpoint: self.opts.client_endpoint.clone(),
                 peer_endpoint: self.opts.peer_endpoint.clone(),
                 zone: self.opts.zone.clone(),
@@ -159,7 +177,7 @@ impl Agent {
     }
 
     async fn apply(&self, r: pb::HeartbeatResponse) {
-        let me = self.node.options.node_id;
+        let me = self.replicas.node_id();
         for p in &r.peers {
             if p.node == me {
                 continue;
@@ -172,7 +190,7 @@ impl Agent {
                 }
             }
         }
-        self.node.learn_endpoints(
+        self.endpoints.learn(
             r.peers
                 .iter()
                 .filter(|p| p.node != me)
@@ -187,7 +205,7 @@ impl Agent {
                 range_generation: a.range_generation,
             };
             let voters: Vec<u64> = a.voters.iter().map(|v| v.replica_id).collect();
-            let replica = match self.node.replica(a.tablet) {
+            let replica = match self.replicas.replica(a.tablet) {
                 Some(r) if r.replica_id == a.replica_id => r,
                 Some(r) => {
                     tracing::warn!(
@@ -200,7 +218,7 @@ impl Agent {
                 }
                 None => {
                     let init = a.initialize.then_some(voters.as_slice());
-                    match self.node.create_replica(&spec, init).await {
+                    match self.replicas.create_replica(&spec, init).await {
                         Ok(r) => {
                             self.stats
                                 .replicas_created
@@ -271,13 +289,13 @@ impl Agent {
                 continue;
             }
             let tablet = self
-                .node
+                .replicas
                 .replicas()
                 .into_iter()
                 .find(|x| x.replica_id == rr.replica_id)
                 .map(|x| x.tablet.id);
             if let Some(tablet) = tablet {
-                match self.node.remove_replica(tablet, rr.replica_id).await {
+                match self.replicas.remove_replica(tablet, rr.replica_id).await {
                     Ok(true) => {
                         self.stats
                             .replicas_removed
@@ -318,7 +336,7 @@ fn controllers(endpoints: &[String]) -> Option<Admin> {
 impl Agent {
     /// Proposes the merge step the controller ordered, unless the group
     /// has applied it already or a proposal is in flight.
-    fn propose_merge(&self, replica: &Arc<crate::node::Replica>, order: &pb::MergeOrder) {
+    fn propose_merge(&self, replica: &Arc<crate::raft::Replica>, order: &pb::MergeOrder) {
         use stele_proto::command::TabletCommand;
         let t = &replica.tablet;
         let cmd = match order.action.as_str() {
@@ -348,7 +366,7 @@ impl Agent {
         let (replica, busy) = (replica.clone(), self.busy.clone());
         tokio::spawn(async move {
             let what = cmd.to_string();
-            match replica.raft.client_write(cmd).await {
+            match replica.propose(cmd).await {
                 Ok(_) => tracing::info!(tablet, step = %what, "merge step proposed and applied"),
                 Err(e) => {
                     tracing::warn!(tablet, step = %what, error = %e, "merge step not proposed; retried on the next heartbeat")
@@ -362,7 +380,7 @@ impl Agent {
     /// published as its own at a later generation: the absorbed side of a
     /// merge this node learned by snapshot rather than by applying it.
     async fn remove_absorbed(&self) {
-        let replicas = self.node.replicas();
+        let replicas = self.replicas.replicas();
         for x in &replicas {
             if !x.tablet.is_frozen() {
                 continue;
@@ -377,7 +395,11 @@ impl Agent {
                     && p.generation > x.tablet.generation()
             });
             if covered {
-                match self.node.remove_replica(x.tablet.id, x.replica_id).await {
+                match self
+                    .replicas
+                    .remove_replica(x.tablet.id, x.replica_id)
+                    .await
+                {
                     Ok(true) => tracing::info!(
                         tablet = x.tablet.id,
                         "merged away (learned by snapshot): replica removed"
@@ -395,7 +417,7 @@ impl Agent {
     /// applied it (its range no longer reaches past `at`) or a proposal is
     /// in flight. The child's replica on this node (the leader's) comes
     /// first, so it is the one that creates the child group at once.
-    fn propose_split(&self, replica: &Arc<crate::node::Replica>, order: &pb::SplitOrder) {
+    fn propose_split(&self, replica: &Arc<crate::raft::Replica>, order: &pb::SplitOrder) {
         let (lo, hi) = replica.tablet.range();
         if order.at <= lo || u64::from(order.at) >= hi {
             return;
@@ -404,7 +426,7 @@ impl Agent {
         if !self.busy.lock().expect("lock poisoned").insert(tablet) {
             return;
         }
-        let me = self.node.options.node_id;
+        let me = self.replicas.node_id();
         let mut child_replicas: Vec<u64> = order
             .child_replicas
             .iter()
@@ -426,7 +448,7 @@ impl Agent {
         };
         let (replica, busy) = (replica.clone(), self.busy.clone());
         tokio::spawn(async move {
-            match replica.raft.client_write(cmd).await {
+            match replica.propose(cmd).await {
                 Ok(_) => tracing::info!(tablet, "split proposed and applied"),
                 Err(e) => {
                     tracing::warn!(tablet, error = %e, "split proposal failed; retried on the next heartbeat")

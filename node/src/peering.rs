@@ -9,8 +9,9 @@ use std::sync::{Arc, OnceLock, Weak};
 
 use bytes::Bytes;
 
-use crate::node::Node;
+use crate::raft::inbound::Inbound;
 use crate::raft::router::{CallFuture, Lane, Peers};
+use crate::replicas::ReplicaSet;
 use crate::transport::{Handler, HandlerFuture, MsgKind, RemoteError, Request, Transport};
 
 pub use filter::{PeerFilter, WATCH_INTERVAL};
@@ -47,11 +48,39 @@ impl Peers for SharedTransport {
     }
 }
 
-/// The transport handler of a node. The node is set once it is open (the
-/// transport must exist first so the node's Raft groups can use it).
+/// What the handler delivers to: the node's replicas, the Raft inbound
+/// side, and the node's filter. The node owns it.
+pub struct Receiver {
+    pub replicas: ReplicaSet,
+    pub inbound: Inbound,
+    pub filter: Arc<PeerFilter>,
+}
+
+impl Receiver {
+    /// Delivers a Raft message from a peer node to the replica of `group`
+    /// it names (no filter: the handler applies it first).
+    pub async fn deliver(
+        &self,
+        group: u64,
+        target_replica: u64,
+        body: &[u8],
+    ) -> Result<Bytes, crate::raft::inbound::Error> {
+        let r = self
+            .replicas
+            .replica(group)
+            .ok_or(crate::raft::inbound::Error::UnknownGroup { group })?;
+        self.inbound.deliver(&r, target_replica, body).await
+    }
+}
+
+/// The transport handler of a node. The transport is bound before the node
+/// opens (the node's Raft groups send through it, and the inbound side
+/// fetches snapshot segments through it), so the node's [`Receiver`] is
+/// attached once the node is open. The handler holds it weakly: the
+/// receiver's replicas hold the transport, which holds this handler.
 #[derive(Default)]
 pub struct RaftHandler {
-    node: OnceLock<Weak<Node>>,
+    receiver: OnceLock<Weak<Receiver>>,
 }
 
 impl RaftHandler {
@@ -59,29 +88,35 @@ impl RaftHandler {
         Arc::new(RaftHandler::default())
     }
 
-    pub fn set_node(&self, node: &Arc<Node>) {
-        let _ = self.node.set(Arc::downgrade(node));
+    /// Starts delivering to `receiver` (the first call wins); until then
+    /// every call is refused as from a node shutting down.
+    pub fn attach(&self, receiver: &Arc<Receiver>) {
+        let _ = self.receiver.set(Arc::downgrade(receiver));
     }
 }
 
 impl Handler for RaftHandler {
     fn handle(&self, from_node: u64, req: Request) -> HandlerFuture {
-        let node = self.node.get().and_then(Weak::upgrade);
+        let receiver = self.receiver.get().and_then(Weak::upgrade);
         Box::pin(async move {
-            let Some(node) = node else {
+            let Some(receiver) = receiver else {
                 return Err(RemoteError::ShuttingDown);
             };
-            if node.options.peer_filter.drops(from_node) {
+            if receiver.filter.drops(from_node) {
                 return Err(RemoteError::Refused {
                     reason: PeerFilter::reason(from_node),
                 });
             }
-            if node.replica(req.group).is_none() {
+            let Some(r) = receiver.replicas.replica(req.group) else {
                 return Err(RemoteError::UnknownGroup { group: req.group });
-            }
-            node.handle_raft(req.group, req.target_replica, &req.body)
+            };
+            receiver
+                .inbound
+                .deliver(&r, req.target_replica, &req.body)
                 .await
-                .map_err(|reason| RemoteError::Refused { reason })
+                .map_err(|e| RemoteError::Refused {
+                    reason: e.to_string(),
+                })
         })
     }
 }

@@ -657,7 +657,7 @@ async fn wait_leading(node: &Node, tablet: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_come_and_go_and_ids_are_never_reused() {
-    use stele_node::node::ReplicaSpec;
+    use stele_node::replicas::ReplicaSpec;
     let dir = tempfile::tempdir().unwrap();
     let mut opts = options(dir.path());
     opts.controlled = true;
@@ -722,7 +722,13 @@ async fn replicas_come_and_go_and_ids_are_never_reused() {
     // Its id is never served again, nor is another node's id.
     let again = r.node.create_replica(&spec(first), Some(&[first])).await;
     assert!(
-        format!("{:?}", again.err()).contains("never reused"),
+        matches!(
+            again,
+            Err(stele_node::Error::ReplicaRefused {
+                refusal: stele_node::error::Refusal::Tombstoned,
+                ..
+            })
+        ),
         "a tombstoned replica id was recreated"
     );
     let foreign = (9 << 16) | 2;
@@ -777,7 +783,7 @@ async fn replicas_come_and_go_and_ids_are_never_reused() {
 /// never hears from a leader still is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_ready_skips_a_replica_removed_while_it_waits() {
-    use stele_node::node::ReplicaSpec;
+    use stele_node::replicas::ReplicaSpec;
     let dir = tempfile::tempdir().unwrap();
     let mut opts = options(dir.path());
     opts.controlled = true;
@@ -1137,7 +1143,7 @@ async fn wait_for(
     node: &Node,
     id: u64,
     what: &str,
-    pred: impl Fn(&stele_node::node::Replica) -> bool,
+    pred: impl Fn(&stele_node::raft::Replica) -> bool,
 ) {
     for _ in 0..1500 {
         if let Some(r) = node.replica(id)
@@ -1384,7 +1390,8 @@ async fn key_reads_across_a_split_are_neither_empty_nor_out_of_order() {
         .unwrap();
     }
     // A key read that waits after its barrier, while the split applies.
-    stele_node::service::delay_key_reads(1500);
+    let fail_points = r.node.options.fail_points.clone();
+    fail_points.delay_key_reads(1500);
     let mut c = r.client.clone();
     let ns = high.clone();
     let read = tokio::spawn(async move {
@@ -1398,10 +1405,18 @@ async fn key_reads_across_a_split_are_neither_empty_nor_out_of_order() {
         .map(|r| r.into_inner())
         .map_err(|s| ApiError::from_status(&s))
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The read passed its barrier and waits: now the split cuts under it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while fail_points.key_reads_delayed() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the key read never reached its delay"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     split_tablet_1(&r.node, AT).await;
     let got = read.await.unwrap();
-    stele_node::service::delay_key_reads(0);
+    fail_points.delay_key_reads(0);
     assert!(
         matches!(got, Err(ApiError::StaleRoute { .. })),
         "a read the split cut under answered {got:?}"

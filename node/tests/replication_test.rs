@@ -50,9 +50,12 @@ impl Peers for LoopPeers {
                 .get(&node)
                 .and_then(Weak::upgrade)
                 .ok_or_else(|| refused("no such node"))?;
-            n.handle_raft(group, target, &body)
+            n.receiver()
+                .deliver(group, target, &body)
                 .await
-                .map_err(|reason| PeerError::Refused { reason })
+                .map_err(|e| PeerError::Refused {
+                    reason: e.to_string(),
+                })
         })
     }
 }

@@ -2,22 +2,43 @@
 //! configuration, log storage over the journal, the network seam, Raft
 //! configuration) lives under this module, so an openraft upgrade is one port.
 //!
-//! **Architecture invariant:** no module outside `node::raft` and
-//! `node::tablet::state_machine` names an openraft type.
+//! ```text
+//! state_machine  openraft's state machine over tablet::apply; snapshots
+//! log_store      openraft's log over the node's journal
+//! replica        Replica (tablet + group) and the Raft operations services use
+//! inbound        a Raft message from a peer, to the replica it names
+//! router         outgoing messages, batched per peer (network: none)
+//! pacer          heartbeats and campaigns of every group, from one task
+//! membership     voter changes toward the controller's assignment
+//! ```
+//!
+//! **Architecture invariant:** no module outside `node::raft` names an
+//! openraft type. (The tablet keeps the log ids and memberships it applied
+//! as the opaque aliases below.)
 
+pub mod inbound;
 pub mod log_store;
 pub mod membership;
 pub mod network;
 pub mod pacer;
+pub mod replica;
 pub mod router;
+pub mod state_machine;
 #[cfg(test)]
 mod suite_test;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use stele_proto::command::{TabletCommand, TabletResponse};
 
+use self::log_store::LogStore;
+use self::state_machine::StateMachine;
 use crate::error::{Error, Result};
+
+pub use self::replica::Replica;
 
 openraft::declare_raft_types!(
     /// Raft types of a tablet group.
@@ -33,7 +54,74 @@ pub type Vote = openraft::alias::VoteOf<TabletConfig>;
 pub type Entry = openraft::alias::EntryOf<TabletConfig>;
 pub type StoredMembership = openraft::alias::StoredMembershipOf<TabletConfig>;
 pub type SnapshotMeta = openraft::alias::SnapshotMetaOf<TabletConfig>;
-pub type TabletRaft = openraft::Raft<TabletConfig, crate::tablet::state_machine::StateMachine>;
+pub type TabletRaft = openraft::Raft<TabletConfig, StateMachine>;
+/// A snapshot's bytes as openraft moves them.
+pub type SnapshotData = std::io::Cursor<Vec<u8>>;
+
+/// Node-wide counters of the Raft side.
+#[derive(Debug, Default)]
+pub struct NodeStats {
+    /// Journal frames read back at start-up (the unsealed tail).
+    pub replayed_frames: AtomicU64,
+    /// Journal frames skipped at start-up (below a purge point).
+    pub skipped_frames: AtomicU64,
+    /// Segments fetched from peers to install snapshots.
+    pub segments_fetched: AtomicU64,
+}
+
+type StartFuture = Pin<Box<dyn Future<Output = Result<TabletRaft>> + Send>>;
+
+/// Starts the openraft instance of one replica over its log and state
+/// machine, with the node's group configuration and network (the peers'
+/// router, or none for a one-node cell). Cheap to clone.
+#[derive(Clone)]
+pub struct RaftStarter {
+    start: Arc<dyn Fn(u64, u64, LogStore, StateMachine) -> StartFuture + Send + Sync>,
+}
+
+impl RaftStarter {
+    pub fn new<P: router::Peers>(config: Arc<openraft::Config>, peers: Option<P>) -> RaftStarter {
+        let start: Arc<dyn Fn(u64, u64, LogStore, StateMachine) -> StartFuture + Send + Sync> =
+            match peers.map(router::Router::new) {
+                Some(router) => Arc::new(move |group, id, log, sm| {
+                    let net = router::GroupNetwork::new(&router, group);
+                    let config = config.clone();
+                    Box::pin(async move {
+                        TabletRaft::new(id, config, net, log, sm)
+                            .await
+                            .map_err(|e| raft_init(group, e))
+                    })
+                }),
+                None => Arc::new(move |group, id, log, sm| {
+                    let config = config.clone();
+                    Box::pin(async move {
+                        TabletRaft::new(id, config, network::NoPeers, log, sm)
+                            .await
+                            .map_err(|e| raft_init(group, e))
+                    })
+                }),
+            };
+        RaftStarter { start }
+    }
+
+    /// Starts replica `id` of group (tablet) `group`.
+    pub async fn start(
+        &self,
+        group: u64,
+        id: u64,
+        log: LogStore,
+        sm: StateMachine,
+    ) -> Result<TabletRaft> {
+        (self.start)(group, id, log, sm).await
+    }
+}
+
+fn raft_init(tablet: u64, e: impl std::fmt::Display) -> Error {
+    Error::RaftInit {
+        tablet,
+        reason: e.to_string(),
+    }
+}
 
 /// Timing of tablet groups: long heartbeats, elections of seconds and
 /// pre-vote, so thousands of idle groups per node cost little. The node's

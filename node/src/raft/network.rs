@@ -11,8 +11,7 @@ use openraft::raft::{
 };
 use openraft::{OptionalSend, RaftNetworkV2};
 
-use super::{TabletConfig, Vote};
-use crate::tablet::state_machine::SnapshotData;
+use super::{SnapshotData, TabletConfig, Vote};
 
 type Snapshot = openraft::alias::SnapshotOf<TabletConfig, SnapshotData>;
 
@@ -20,15 +19,15 @@ type Snapshot = openraft::alias::SnapshotOf<TabletConfig, SnapshotData>;
 pub struct NoPeers;
 
 #[derive(Debug)]
-struct NoTransport;
+struct NoTransportError;
 
-impl std::fmt::Display for NoTransport {
+impl std::fmt::Display for NoTransportError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("this node has no transport to other replicas")
     }
 }
 
-impl std::error::Error for NoTransport {}
+impl std::error::Error for NoTransportError {}
 
 impl RaftNetworkFactory<TabletConfig> for NoPeers {
     type Network = NoPeers;
@@ -39,7 +38,7 @@ impl RaftNetworkFactory<TabletConfig> for NoPeers {
 }
 
 fn unreachable() -> RPCError<TabletConfig> {
-    RPCError::Unreachable(Unreachable::new(&NoTransport))
+    RPCError::Unreachable(Unreachable::new(&NoTransportError))
 }
 
 impl RaftNetworkV2<TabletConfig> for NoPeers {
@@ -68,7 +67,9 @@ impl RaftNetworkV2<TabletConfig> for NoPeers {
         _cancel: impl std::future::Future<Output = ReplicationClosed> + OptionalSend + 'static,
         _option: RPCOption,
     ) -> Result<SnapshotResponse<TabletConfig>, StreamingError<TabletConfig>> {
-        Err(StreamingError::Unreachable(Unreachable::new(&NoTransport)))
+        Err(StreamingError::Unreachable(Unreachable::new(
+            &NoTransportError,
+        )))
     }
 
     async fn transfer_leader(
@@ -77,5 +78,23 @@ impl RaftNetworkV2<TabletConfig> for NoPeers {
         _option: RPCOption,
     ) -> Result<openraft::raft::TransferLeaderResponse<TabletConfig>, RPCError<TabletConfig>> {
         Err(unreachable())
+    }
+}
+
+/// The [`Peers`](super::router::Peers) of a node without peers: never
+/// called, because a one-node cell's groups have no other voter.
+#[derive(Clone)]
+pub enum NoTransport {}
+
+impl super::router::Peers for NoTransport {
+    fn call(
+        &self,
+        _node: u64,
+        _group: u64,
+        _target_replica: u64,
+        _lane: super::router::Lane,
+        _body: bytes::Bytes,
+    ) -> super::router::CallFuture<'_> {
+        match *self {}
     }
 }

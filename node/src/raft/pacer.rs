@@ -13,7 +13,7 @@
 //! - a replica that follows starts a campaign (pre-vote first) when it has
 //!   not been contacted by a leader or candidate for a random time in
 //!   `[T, 2T)`, `T = election_timeout_ms`. Contact is recorded by
-//!   [`Node::handle_raft`](crate::node::Node::handle_raft) for appends,
+//!   [`Inbound::deliver`](super::inbound::Inbound::deliver) for appends,
 //!   heartbeats, snapshots and votes.
 //!
 //! openraft's leader lease is its `election_timeout_max`, set to `T`: a
@@ -31,8 +31,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
+use tokio_util::sync::CancellationToken;
 
-use crate::node::Node;
+use super::{RaftTiming, Replica};
 
 /// Milliseconds since the process's pacer epoch.
 fn now_ms() -> u64 {
@@ -76,9 +77,14 @@ pub struct PacerStats {
     pub campaigns: AtomicU64,
 }
 
-/// Runs until the node shuts down.
-pub async fn run(node: Arc<Node>) {
-    let timing = node.options.raft.clone();
+/// Runs until `cancel`, over the replicas `replicas` lists at each tick
+/// (the node's replica set).
+pub async fn run(
+    replicas: impl Fn() -> Vec<Arc<Replica>>,
+    timing: RaftTiming,
+    stats: Arc<PacerStats>,
+    cancel: CancellationToken,
+) {
     let hb = timing.heartbeat_ms.max(1);
     let t = timing.election_timeout_ms.max(2);
     let mut tick = tokio::time::interval(Duration::from_millis((hb / 2).max(1)));
@@ -87,7 +93,7 @@ pub async fn run(node: Arc<Node>) {
     let mut next_round_ms = 0u64;
     loop {
         tokio::select! {
-            _ = node.cancelled() => return,
+            _ = cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
         let now = now_ms();
@@ -96,7 +102,7 @@ pub async fn run(node: Arc<Node>) {
             next_round_ms = now + hb;
         }
         let mut sent = false;
-        let replicas = node.replicas();
+        let replicas = replicas();
         if timers.len() > replicas.len() {
             // Replicas removed (moved away) leave no timer behind.
             let live: std::collections::HashSet<u64> =
@@ -131,15 +137,13 @@ pub async fn run(node: Arc<Node>) {
                 timer.at_ms = campaign_at(contact, t);
             }
             if now >= timer.at_ms {
-                node.pacer_stats.campaigns.fetch_add(1, Ordering::Relaxed);
+                stats.campaigns.fetch_add(1, Ordering::Relaxed);
                 let _ = r.raft.trigger().elect(true).await;
                 timer.at_ms = now + rand::rng().random_range(t / 2..t);
             }
         }
         if sent {
-            node.pacer_stats
-                .heartbeat_rounds
-                .fetch_add(1, Ordering::Relaxed);
+            stats.heartbeat_rounds.fetch_add(1, Ordering::Relaxed);
         }
     }
 }

@@ -25,8 +25,7 @@ use openraft::raft::{
 use openraft_multi::GroupRouter;
 use serde::{Deserialize, Serialize};
 
-use super::{SnapshotMeta, TabletConfig, TabletRaft, Vote, decode, encode};
-use crate::tablet::state_machine::SnapshotData;
+use super::{SnapshotData, SnapshotMeta, TabletConfig, TabletRaft, Vote, decode, encode};
 
 type C = TabletConfig;
 type Snapshot = openraft::alias::SnapshotOf<C, SnapshotData>;

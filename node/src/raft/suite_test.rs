@@ -9,9 +9,9 @@ use tokio::sync::mpsc;
 
 use super::TabletConfig;
 use super::log_store::LogStore;
+use super::state_machine::{NoNeighbours, StateMachine};
 use crate::catalog::{Catalog, TabletRecord};
 use crate::journal::{self, Journal};
-use crate::tablet::state_machine::StateMachine;
 use crate::tablet::{Tablet, TabletOptions};
 
 struct Builder;
@@ -58,7 +58,7 @@ impl StoreBuilder<TabletConfig, LogStore, StateMachine, Guard> for Builder {
         .expect("tablet");
         let log = LogStore::new(7, journal.clone(), catalog);
         let (tx, _rx) = mpsc::unbounded_channel();
-        let sm = StateMachine::new(tablet, tx, Default::default());
+        let sm = StateMachine::new(tablet, tx, Arc::new(NoNeighbours(Default::default())));
         Ok((Guard { _dir: dir, journal }, log, sm))
     }
 }

@@ -2,17 +2,18 @@
 //! sealed, published segments, receipts) and the reads over it.
 //!
 //! ```text
-//!            apply (state_machine.rs)              seal worker (seal.rs)
+//!            apply (apply.rs)                      seal worker (seal.rs)
 //! Raft log ─────────────► memtable ──Seal{}──► frozen[i] ──build+publish──► segments
 //!                             ▲                    │ (failure: rows go back)
 //!                             └────────────────────┘
 //! reads: memtable ∪ frozen ∪ segments — each row is in exactly one of them
 //! ```
 
+pub mod apply;
 pub mod memtable;
+pub mod policy;
 pub mod receipts;
 pub mod seal;
-pub mod state_machine;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -108,36 +109,6 @@ pub struct Frozen {
     pub merge: Option<MergeIn>,
     /// Set on the seal of a `Compact`: the segments to rewrite as one.
     pub compact: Option<Vec<String>>,
-}
-
-/// The tablets open on this node, by id: a `Merge`'s apply finds the
-/// absorbed tablet's replica here. `cancel` (the node's shutdown) ends its
-/// wait for that replica.
-#[derive(Clone, Default)]
-pub struct Locals {
-    map: Arc<dashmap::DashMap<u64, Arc<Tablet>>>,
-    pub cancel: tokio_util::sync::CancellationToken,
-}
-
-impl Locals {
-    pub fn new(cancel: tokio_util::sync::CancellationToken) -> Locals {
-        Locals {
-            map: Default::default(),
-            cancel,
-        }
-    }
-
-    pub fn insert(&self, tablet: Arc<Tablet>) {
-        self.map.insert(tablet.id, tablet);
-    }
-
-    pub fn remove(&self, tablet: u64) {
-        self.map.remove(&tablet);
-    }
-
-    pub fn get(&self, tablet: u64) -> Option<Arc<Tablet>> {
-        self.map.get(&tablet).map(|t| t.clone())
-    }
 }
 
 /// A tablet's applied state.
@@ -379,6 +350,15 @@ impl Tablet {
 
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
+    }
+
+    /// The catalog record at the checkpoint: the published state, with the
+    /// applied state as of the checkpoint (a change outside a seal, such
+    /// as a cold copy or a dropped segment, is recorded at it).
+    pub fn checkpoint_record(&self, data: &TabletData) -> TabletRecord {
+        let applied_state =
+            crate::catalog::to_cbor(&(data.checkpoint_log_id, data.checkpoint_membership.clone()));
+        self.record(data, applied_state)
     }
 
     /// The catalog record for the current published state.

@@ -5,15 +5,14 @@
 //! compaction could split them; none exists yet).
 //!
 //! ```text
-//! leader: plan (pure) ─► propose DropSegment{id} ─► every replica: catalog
-//!         without it, local file deleted
+//! leader: plan (pure) ─► propose DropSegment{id} ─► every replica: apply
+//!         (tablet::apply) drops it, the driver writes the catalog without
+//!         it and deletes the local file (raft::state_machine)
 //!         next manifest (without it) published ─► object deleted
 //! ```
 
 use std::collections::BTreeMap;
 use std::time::Duration;
-
-use crate::tablet::{Tablet, TabletData};
 
 /// A segment as retention sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,41 +38,6 @@ pub fn plan(segments: &[Seg], retention: &BTreeMap<String, Duration>, now_us: u6
         })
         .map(|s| s.id.clone())
         .collect()
-}
-
-/// Applies `DropSegment`: the segment leaves the tablet's state and
-/// catalog, then its local file is deleted. Deterministic: every replica
-/// drops the same segment at the same log index. Unknown ids (already
-/// dropped, or a replayed entry) are ignored.
-pub(crate) fn drop_segment(tablet: &Tablet, data: &mut TabletData, segment: &str) {
-    let Some(at) = data.segments.iter().position(|(s, _)| s.id == segment) else {
-        // Not published here yet (a follower's seal can lag its apply).
-        if data.frozen.iter().any(|f| !f.memtable.is_empty()) {
-            data.dropped_early.insert(segment.to_string());
-        }
-        return;
-    };
-    data.segments.remove(at);
-    let applied_state =
-        crate::raft::encode(&(data.checkpoint_log_id, data.checkpoint_membership.clone()));
-    let record = tablet.record(data, applied_state);
-    if let Err(e) = tablet.catalog.put_tablet(&record) {
-        // The file stays; the entry replays after a restart (the log after
-        // the checkpoint is kept) and drops it then.
-        tracing::warn!(tablet = tablet.id, error = %e, "catalog update for DropSegment failed");
-        return;
-    }
-    crate::tier::stub::remove(&tablet.segment_dir, segment);
-    let path = tablet.segment_dir.join(crate::segment::file_name(segment));
-    match std::fs::remove_file(&path) {
-        Ok(()) => {
-            let _ = crate::fsutil::fsync_dir(&tablet.segment_dir);
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "dropped segment file not deleted")
-        }
-    }
 }
 
 #[cfg(test)]

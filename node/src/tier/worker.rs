@@ -20,8 +20,10 @@ use super::evict::{self, Candidate, Policy};
 use super::manifest::{self, Manifest, Publish};
 use super::upload::{self, Outcome};
 use super::{Error, Result, Tier};
-use crate::catalog::{ColdCopy, SegmentRef};
-use crate::node::{Node, Replica};
+use crate::catalog::SegmentRef;
+use crate::disk::Disk;
+use crate::raft::Replica;
+use crate::replicas::ReplicaSet;
 use crate::segment::format::{TRAILER_FILE_XXH3_OFFSET, TRAILER_LEN};
 
 #[derive(Default)]
@@ -35,23 +37,24 @@ struct State {
     to_delete: Vec<(u64, String)>,
 }
 
-/// Runs until the node shuts down.
-pub async fn run(node: Arc<Node>, tier: Arc<Tier>) {
+/// Runs until the node shuts down, over the node's replicas; `disk` is
+/// what the eviction watermarks measure.
+pub async fn run(replicas: ReplicaSet, disk: Disk, tier: Arc<Tier>) {
     let mut state = State::default();
     let mut tick = tokio::time::interval(tier.options.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = node.cancelled() => return,
+            _ = replicas.cancelled() => return,
             _ = tick.tick() => {}
         }
-        round(&node, &tier, &mut state).await;
+        round(&replicas, &disk, &tier, &mut state).await;
     }
 }
 
 /// One pass over every replica (public for tests that drive it by hand).
-async fn round(node: &Node, tier: &Arc<Tier>, state: &mut State) {
-    let replicas: Vec<Arc<Replica>> = node.replicas();
+async fn round(set: &ReplicaSet, disk: &Disk, tier: &Arc<Tier>, state: &mut State) {
+    let replicas: Vec<Arc<Replica>> = set.replicas();
     let leaders: Vec<&Arc<Replica>> = replicas.iter().filter(|r| r.is_leader()).collect();
     if !tier.options.retention.is_empty() {
         for r in &leaders {
@@ -66,7 +69,7 @@ async fn round(node: &Node, tier: &Arc<Tier>, state: &mut State) {
     }
     delete_dropped(tier, state).await;
     for r in &replicas {
-        if let Err(e) = evict_replica(node, tier, r, state).await {
+        if let Err(e) = evict_replica(disk, tier, r, state).await {
             tracing::warn!(tablet = r.tablet.id, error = %e, "eviction round failed");
         }
     }
@@ -106,7 +109,7 @@ async fn upload_pending(tier: &Arc<Tier>, leaders: &[&Arc<Replica>]) {
                         bytes: seg.bytes,
                         file_xxh3,
                     };
-                    if let Err(e) = r.raft.client_write(cmd).await {
+                    if let Err(e) = r.propose(cmd).await {
                         tracing::debug!(tablet = r.tablet.id, error = %e, "Uploaded not proposed; retried next round");
                     }
                 }
@@ -154,7 +157,7 @@ async fn apply_retention(tier: &Tier, r: &Replica, state: &mut State) {
         let cmd = TabletCommand::DropSegment {
             segment: id.clone(),
         };
-        match r.raft.client_write(cmd).await {
+        match r.propose(cmd).await {
             Ok(_) => {
                 tracing::info!(tablet = r.tablet.id, segment = %id, "segment dropped by namespace retention");
                 // A segment shared from a split parent keeps its object
@@ -308,7 +311,7 @@ pub async fn confirm(tier: &Tier, tablet: u64, seg: &SegmentRef, local_xxh3: u64
 }
 
 async fn evict_replica(
-    node: &Node,
+    disk: &Disk,
     tier: &Arc<Tier>,
     r: &Arc<Replica>,
     state: &mut State,
@@ -351,8 +354,8 @@ async fn evict_replica(
             age,
         });
     }
-    let (total, avail) = node.disk_usage().map_err(|e| Error::Io {
-        context: format!("disk usage of {}", node.options.data_dir.display()),
+    let (total, avail) = disk.usage().map_err(|e| Error::Io {
+        context: format!("disk usage of {}", disk.data_dir().display()),
         source: e,
     })?;
     let policy = Policy {
@@ -401,32 +404,4 @@ async fn evict_replica(
         tracing::debug!(tablet = t.id, segment = %id, "segment evicted to the cold tier");
     }
     Ok(())
-}
-
-/// Records an applied `Uploaded`: on the segment's catalog entry when the
-/// segment is published here, else until the local seal publishes it.
-pub(crate) fn record_uploaded(
-    tablet: &crate::tablet::Tablet,
-    data: &mut crate::tablet::TabletData,
-    segment: &str,
-    cold: ColdCopy,
-) {
-    let Some(entry) = data.segments.iter_mut().find(|(s, _)| s.id == segment) else {
-        // A follower may apply Uploaded before its own seal worker has
-        // published the segment: the seal picks it up (seal.rs).
-        data.cold_early.insert(segment.to_string(), cold);
-        return;
-    };
-    if entry.0.cold.is_some() {
-        return;
-    }
-    entry.0.cold = Some(cold);
-    let applied_state =
-        crate::raft::encode(&(data.checkpoint_log_id, data.checkpoint_membership.clone()));
-    let record = tablet.record(data, applied_state);
-    if let Err(e) = tablet.catalog.put_tablet(&record) {
-        // The Uploaded entry stays in the log until a later checkpoint,
-        // whose publish writes the cold field; nothing is lost.
-        tracing::warn!(tablet = tablet.id, error = %e, "catalog update for Uploaded failed");
-    }
 }

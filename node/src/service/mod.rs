@@ -9,9 +9,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use openraft::ReadPolicy;
-use openraft::async_runtime::watch::WatchReceiver;
-use serde::{Deserialize, Serialize};
 use stele_proto::command::{
     AppendBatch, Expect, Pos, RecordIn, TabletCommand, TabletResponse, batch_id_halves,
 };
@@ -21,52 +18,31 @@ use stele_proto::{Error as ApiError, vshard};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-use crate::node::{Node, Replica};
-
-/// Milliseconds every key read sleeps between its read barrier and its
-/// read ([`delay_key_reads`]); 0: none.
-static KEY_READ_DELAY_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// Fault injection for tests of a node in-process: every `ScanKey` then
-/// waits `ms` after its read barrier, as a read does that waits behind a
-/// slow apply, so a split can cut its range under it. 0 disarms.
-pub fn delay_key_reads(ms: u64) {
-    KEY_READ_DELAY_MS.store(ms, Ordering::SeqCst);
-}
+use crate::endpoints::Endpoints;
+use crate::raft::Replica;
+use crate::raft::replica::ProposeError;
 use crate::raft::router::node_of;
 use crate::segment::Row;
 
-/// Rows returned by one read when the request names no limit.
-pub const READ_LIMIT_DEFAULT: usize = 1000;
-/// Most rows one read returns, whatever the request asks.
-pub const READ_LIMIT_MAX: usize = 10_000;
-/// A read response stops adding rows past this many key and value bytes
-/// (always returning at least one row) and hands back a cursor, so a page
-/// of large values stays well under gRPC message limits.
-pub const READ_BYTES_MAX: usize = 4 << 20;
+mod options;
+mod page;
 
-/// How many leading rows fit the byte budget (at least one).
-fn rows_within_budget<'a>(rows: impl Iterator<Item = &'a Row>) -> usize {
-    let mut bytes = 0;
-    let mut n = 0;
-    for row in rows {
-        bytes += row.key.len() + row.value.len() + 64;
-        if n > 0 && bytes > READ_BYTES_MAX {
-            break;
-        }
-        n += 1;
-    }
-    n
-}
+pub use options::{DataOptions, DataParts, FailPoints};
+use page::{
+    KeyCursor, ScanCursor, decode_cursor, encode_cursor, limit_of, rows_within_budget, ts_to_of,
+};
+pub use page::{READ_BYTES_MAX, READ_LIMIT_DEFAULT, READ_LIMIT_MAX};
 
 #[derive(Clone)]
 pub struct DataService {
-    node: Arc<Node>,
+    node: Arc<DataParts>,
 }
 
 impl DataService {
-    pub fn new(node: Arc<Node>) -> DataService {
-        DataService { node }
+    pub fn new(parts: DataParts) -> DataService {
+        DataService {
+            node: Arc::new(parts),
+        }
     }
 }
 
@@ -84,35 +60,26 @@ fn invalid(field: &str, reason: impl Into<String>) -> ApiError {
     }
 }
 
-pub fn descriptor(node: &Node, r: &Replica) -> pb::TabletDescriptor {
-    let metrics = r.raft.metrics().borrow_watched().clone();
+pub fn descriptor(endpoints: &Endpoints, r: &Replica) -> pb::TabletDescriptor {
+    let log = r.log_state();
     let data = r.tablet.read();
-    let leader_node = metrics.current_leader.map(node_of);
+    let leader_node = log.leader.map(node_of);
     pb::TabletDescriptor {
         id: r.tablet.id,
         vshard_lo: r.tablet.range().0,
         vshard_hi: r.tablet.range().1,
         generation: r.tablet.generation(),
         leader_node: leader_node.unwrap_or(0),
-        leader_endpoint: leader_node.map(|n| node.endpoint_of(n)).unwrap_or_default(),
+        leader_endpoint: leader_node
+            .map(|n| endpoints.endpoint_of(n))
+            .unwrap_or_default(),
         applied_index: data.applied_index(),
         checkpoint_index: data.checkpoint,
         memtable_bytes: data.memtable_bytes() as u64,
         segments: data.segments.len() as u32,
-        last_log_index: metrics.last_log_index.unwrap_or(0),
-        purged_index: metrics.purged.as_ref().map_or(0, |l| l.index()),
+        last_log_index: log.last_log_index,
+        purged_index: log.purged_index,
     }
-}
-
-fn limit_of(limit: u32) -> usize {
-    match limit as usize {
-        0 => READ_LIMIT_DEFAULT,
-        n => n.min(READ_LIMIT_MAX),
-    }
-}
-
-fn ts_to_of(ts_to: u64) -> u64 {
-    if ts_to == 0 { u64::MAX } else { ts_to }
 }
 
 fn row_to_pb(tablet: u64, row: Row) -> pb::Row {
@@ -124,45 +91,10 @@ fn row_to_pb(tablet: u64, row: Row) -> pb::Row {
     }
 }
 
-/// Cursor of a namespace scan: the last row returned.
-#[derive(Serialize, Deserialize)]
-struct ScanCursor {
-    ts: u64,
-    #[serde(with = "serde_bytes")]
-    key: Vec<u8>,
-    tablet: u64,
-    index: u64,
-    slot: u32,
-}
-
-/// Cursor of a key scan: the last row returned.
-#[derive(Serialize, Deserialize)]
-struct KeyCursor {
-    ts: u64,
-    index: u64,
-    slot: u32,
-    /// The row's position tablet (its parent's, for a row a split child
-    /// shares). Absent in cursors from before splits.
-    #[serde(default)]
-    tablet: u64,
-}
-
-fn decode_cursor<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<Option<T>, ApiError> {
-    if bytes.is_empty() {
-        return Ok(None);
-    }
-    ciborium::from_reader(bytes)
-        .map(Some)
-        .map_err(|_| invalid("cursor", "not a cursor this server issued"))
-}
-
-fn encode_cursor<T: Serialize>(c: &T) -> Vec<u8> {
-    crate::catalog::to_cbor(c)
-}
-
 impl DataService {
     fn replica(&self, tablet: u64) -> Result<Arc<Replica>, ApiError> {
         self.node
+            .replicas
             .replica(tablet)
             .ok_or(ApiError::TabletNotFound { tablet })
     }
@@ -182,10 +114,7 @@ impl DataService {
 
     fn not_leader(&self, r: &Replica) -> ApiError {
         let leader = r
-            .raft
-            .metrics()
-            .borrow_watched()
-            .current_leader
+            .leader()
             .map(node_of)
             // A leader cut off from its quorum still names itself; pointing
             // the client back here would loop it. Unknown sends it to the
@@ -193,7 +122,19 @@ impl DataService {
             .filter(|n| *n != self.node.options.node_id);
         ApiError::NotLeader {
             leader_node: leader,
-            leader_endpoint: leader.map(|n| self.node.endpoint_of(n)).unwrap_or_default(),
+            leader_endpoint: leader
+                .map(|n| self.node.endpoints.endpoint_of(n))
+                .unwrap_or_default(),
+        }
+    }
+
+    /// A failed proposal or read barrier as the client sees it.
+    fn propose_error(&self, r: &Replica, e: ProposeError) -> ApiError {
+        match e {
+            ProposeError::NotLeader { .. } => self.not_leader(r),
+            e @ ProposeError::Unavailable { .. } => ApiError::Unavailable {
+                reason: e.to_string(),
+            },
         }
     }
 
@@ -212,7 +153,7 @@ impl DataService {
         };
         if stale {
             return Err(ApiError::StaleRoute {
-                descriptor: descriptor(&self.node, r),
+                descriptor: descriptor(&self.node.endpoints, r),
             });
         }
         Ok(())
@@ -263,7 +204,7 @@ impl DataService {
             );
             if !r.tablet.accepts(v) {
                 return Err(ApiError::StaleRoute {
-                    descriptor: descriptor(&self.node, &r),
+                    descriptor: descriptor(&self.node.endpoints, &r),
                 });
             }
             records.push(RecordIn {
@@ -288,7 +229,7 @@ impl DataService {
                 reason: format!("journal stopped: {reason}"),
             });
         }
-        let free = self.node.free_bytes();
+        let free = self.node.disk.free_bytes();
         if free < opts.disk_reserve_bytes.saturating_add(total as u64) {
             return Err(ApiError::StorageFull {
                 free_bytes: free,
@@ -312,19 +253,10 @@ impl DataService {
         self.node.check_namespace(&req.namespace).await?;
         let (r, batch) = self.admit(req)?;
         let resp = r
-            .raft
-            .client_write(TabletCommand::Append(batch))
+            .propose(TabletCommand::Append(batch))
             .await
-            .map_err(|e| {
-                if e.forward_to_leader().is_some() {
-                    self.not_leader(&r)
-                } else {
-                    ApiError::Unavailable {
-                        reason: format!("tablet {}: {e}", r.tablet.id),
-                    }
-                }
-            })?;
-        match resp.data {
+            .map_err(|e| self.propose_error(&r, e))?;
+        match resp {
             TabletResponse::Appended {
                 positions,
                 duplicate,
@@ -338,7 +270,7 @@ impl DataService {
             TabletResponse::Rejected { reason } => {
                 tracing::warn!(tablet = r.tablet.id, %reason, "batch rejected at apply");
                 Err(ApiError::StaleRoute {
-                    descriptor: descriptor(&self.node, &r),
+                    descriptor: descriptor(&self.node.endpoints, &r),
                 })
             }
             other => Err(ApiError::Unavailable {
@@ -360,18 +292,7 @@ impl DataService {
                     // Deliberately unsafe (jepsen negative control).
                     return Ok(());
                 }
-                r.raft
-                    .ensure_linearizable(ReadPolicy::ReadIndex)
-                    .await
-                    .map_err(|e| {
-                        if e.forward_to_leader().is_some() {
-                            self.not_leader(r)
-                        } else {
-                            ApiError::Unavailable {
-                                reason: format!("tablet {}: {e}", r.tablet.id),
-                            }
-                        }
-                    })?;
+                r.read_index().await.map_err(|e| self.propose_error(r, e))?;
                 Ok(())
             }
             Ok(pb::Consistency::Bounded) => {
@@ -409,6 +330,7 @@ impl DataService {
         limits::validate_key("key", key)?;
         let v = vshard::vshard(namespace, routing_key.as_deref().unwrap_or(key));
         self.node
+            .replicas
             .replica_for(v)
             .ok_or(ApiError::Incomplete { missing: vec![] })
     }
@@ -423,7 +345,7 @@ impl DataService {
             Ok(())
         } else {
             Err(ApiError::StaleRoute {
-                descriptor: descriptor(&self.node, r),
+                descriptor: descriptor(&self.node.endpoints, r),
             })
         }
     }
@@ -468,9 +390,8 @@ impl DataService {
         );
         let cursor: Option<KeyCursor> = decode_cursor(&req.cursor)?;
         self.read_barrier(&r, &req.read).await?;
-        match KEY_READ_DELAY_MS.load(Ordering::SeqCst) {
-            0 => {}
-            ms => tokio::time::sleep(Duration::from_millis(ms)).await,
+        if let Some(delay) = self.node.options.fail_points.key_read_delay() {
+            tokio::time::sleep(delay).await;
         }
         r.tablet.stats.reads_served.fetch_add(1, Ordering::Relaxed);
         let limit = limit_of(req.limit);
@@ -538,12 +459,13 @@ impl DataService {
             // absorbs it may already take writes for its range.
             if r.tablet.is_frozen() {
                 return Err(ApiError::StaleRoute {
-                    descriptor: descriptor(&self.node, &r),
+                    descriptor: descriptor(&self.node.endpoints, &r),
                 });
             }
             if overlaps(&r) { vec![r] } else { Vec::new() }
         } else {
             self.node
+                .replicas
                 .replicas()
                 .into_iter()
                 .filter(|r| overlaps(r) && !r.tablet.is_frozen())
@@ -609,11 +531,11 @@ impl DataService {
         // tablet-routed scan must start over at the new generation, and a
         // node-local one must still cover the namespace.
         if req.tablet != 0
-            && let Some(r) = self.node.replica(req.tablet)
+            && let Some(r) = self.node.replicas.replica(req.tablet)
             && r.tablet.generation() != read_generation
         {
             return Err(ApiError::StaleRoute {
-                descriptor: descriptor(&self.node, &r),
+                descriptor: descriptor(&self.node.endpoints, &r),
             });
         }
         if req.tablet == 0 && !partial && !Self::covers(&read_set, lo, hi) {
@@ -700,9 +622,10 @@ impl Data for DataService {
     ) -> Result<Response<pb::ListTabletsResponse>, Status> {
         let tablets = self
             .node
+            .replicas
             .replicas()
             .iter()
-            .map(|r| descriptor(&self.node, r))
+            .map(|r| descriptor(&self.node.endpoints, r))
             .collect();
         Ok(Response::new(pb::ListTabletsResponse {
             node_id: self.node.options.node_id,
@@ -715,9 +638,9 @@ impl Data for DataService {
         _req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
         let js = self.node.journal.stats();
-        let ts = self.node.transport_stats();
+        let ts = self.node.endpoints.transport_stats();
         let (mut records, mut sealed, mut snapshots, mut compactions) = (0, 0, 0, 0);
-        for r in self.node.replicas() {
+        for r in self.node.replicas.replicas() {
             snapshots += r
                 .tablet
                 .stats
@@ -748,7 +671,7 @@ impl Data for DataService {
         Ok(Response::new(pb::StatusResponse {
             node_id: self.node.options.node_id,
             version: env!("CARGO_PKG_VERSION").to_string(),
-            tablets: self.node.replica_count() as u64,
+            tablets: self.node.replicas.replica_count() as u64,
             journal_fsyncs: js.fsyncs,
             journal_frames: js.frames,
             journal_bytes: js.bytes,
@@ -762,7 +685,7 @@ impl Data for DataService {
                 .stats
                 .replayed_frames
                 .load(std::sync::atomic::Ordering::Relaxed),
-            free_bytes: self.node.free_bytes(),
+            free_bytes: self.node.disk.free_bytes(),
             peer_connections: ts.as_ref().map_or(0, |t| t.connections_open),
             peers_with_extra_connections: ts.as_ref().map_or(0, |t| {
                 t.open_per_peer.values().filter(|n| **n > 1).count() as u64
@@ -808,24 +731,24 @@ impl Data for DataService {
 
 /// Serves the data API, gRPC health and reflection on `addr` until `cancel`.
 pub async fn serve(
-    node: Arc<Node>,
+    service: impl Into<DataService>,
     addr: SocketAddr,
     cancel: CancellationToken,
 ) -> crate::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| crate::Error::io(format!("bind {addr}"), e))?;
-    serve_on(node, listener, cancel).await
+    serve_on(service, listener, cancel).await
 }
 
 /// Like [`serve`], on a listener the caller bound (port 0 in tests).
 pub async fn serve_on(
-    node: Arc<Node>,
+    service: impl Into<DataService>,
     listener: tokio::net::TcpListener,
     cancel: CancellationToken,
 ) -> crate::Result<()> {
     serve_with(
-        Some(node),
+        Some(service.into()),
         tonic::service::Routes::default(),
         listener,
         cancel,
@@ -833,10 +756,10 @@ pub async fn serve_on(
     .await
 }
 
-/// Serves the data API of `node` (when this process is a node) together
-/// with `extra` services (the controller's, when it is one) on one port.
+/// Serves the data API (when this process is a node) together with
+/// `extra` services (the controller's, when it is one) on one port.
 pub async fn serve_with(
-    node: Option<Arc<Node>>,
+    service: Option<DataService>,
     extra: tonic::service::Routes,
     listener: tokio::net::TcpListener,
     cancel: CancellationToken,
@@ -845,15 +768,17 @@ pub async fn serve_with(
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .build_v1()
-        .map_err(|e| crate::Error::Config(format!("reflection: {e}")))?;
+        .map_err(|e| crate::Error::Serve {
+            what: "gRPC reflection",
+            reason: e.to_string(),
+        })?;
     let mut routes = extra.add_service(health_service).add_service(reflection);
-    if let Some(node) = node {
+    if let Some(service) = service {
         health_reporter
             .set_serving::<pb::data_server::DataServer<DataService>>()
             .await;
         routes = routes.add_service(
-            pb::data_server::DataServer::new(DataService::new(node))
-                .max_decoding_message_size(64 << 20),
+            pb::data_server::DataServer::new(service).max_decoding_message_size(64 << 20),
         );
     }
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
@@ -862,5 +787,8 @@ pub async fn serve_with(
         .add_routes(routes)
         .serve_with_incoming_shutdown(incoming, cancel.cancelled())
         .await
-        .map_err(|e| crate::Error::Config(format!("gRPC server: {e}")))
+        .map_err(|e| crate::Error::Serve {
+            what: "gRPC data API",
+            reason: e.to_string(),
+        })
 }

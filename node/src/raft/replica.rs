@@ -1,0 +1,172 @@
+//! A hosted tablet replica: the tablet's applied state and the openraft
+//! group that drives it, with the few Raft operations the services above
+//! need, named in Stele's terms so no service touches openraft.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::async_runtime::watch::WatchReceiver;
+use openraft::impls::BasicNode;
+use stele_proto::command::{TabletCommand, TabletResponse};
+
+use super::TabletRaft;
+use super::log_store::LogStore;
+use super::pacer::Contact;
+use crate::tablet::Tablet;
+
+/// A hosted tablet replica.
+pub struct Replica {
+    pub tablet: Arc<Tablet>,
+    pub raft: TabletRaft,
+    pub replica_id: u64,
+    pub log: LogStore,
+    /// Last contact from a leader or candidate, for the pacer's campaigns.
+    pub contact: Contact,
+}
+
+/// Why a proposal or a read barrier did not go through.
+#[derive(Debug, thiserror::Error)]
+pub enum ProposeError {
+    /// This replica does not lead its group (the caller redirects).
+    #[error("tablet {tablet}: not the leader")]
+    NotLeader { tablet: u64 },
+    /// The group could not take it (shutting down, a quorum lost, ...):
+    /// the caller may retry.
+    #[error("tablet {tablet}: {reason}")]
+    Unavailable { tablet: u64, reason: String },
+}
+
+/// The log positions of a replica's group, for descriptors and status.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LogState {
+    /// The replica its group follows, if it knows one.
+    pub leader: Option<u64>,
+    pub last_log_index: u64,
+    pub purged_index: u64,
+}
+
+impl Replica {
+    pub fn new(tablet: Arc<Tablet>, raft: TabletRaft, replica_id: u64, log: LogStore) -> Replica {
+        Replica {
+            tablet,
+            raft,
+            replica_id,
+            log,
+            contact: Contact::default(),
+        }
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.leader() == Some(self.replica_id)
+    }
+
+    /// The replica id of the group's leader, as this replica knows it.
+    pub fn leader(&self) -> Option<u64> {
+        self.raft.metrics().borrow_watched().current_leader
+    }
+
+    pub fn log_state(&self) -> LogState {
+        let m = self.raft.metrics().borrow_watched().clone();
+        LogState {
+            leader: m.current_leader,
+            last_log_index: m.last_log_index.unwrap_or(0),
+            purged_index: m.purged.as_ref().map_or(0, |l| l.index()),
+        }
+    }
+
+    /// Proposes `cmd` and waits for it to be applied here.
+    pub async fn propose(&self, cmd: TabletCommand) -> Result<TabletResponse, ProposeError> {
+        let tablet = self.tablet.id;
+        match self.raft.client_write(cmd).await {
+            Ok(resp) => Ok(resp.data),
+            Err(e) if e.forward_to_leader().is_some() => Err(ProposeError::NotLeader { tablet }),
+            Err(e) => Err(ProposeError::Unavailable {
+                tablet,
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    /// A linearizable read barrier (read index): once it returns, this
+    /// replica leads and has applied everything committed before the call.
+    pub async fn read_index(&self) -> Result<(), ProposeError> {
+        let tablet = self.tablet.id;
+        match self
+            .raft
+            .ensure_linearizable(openraft::ReadPolicy::ReadIndex)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.forward_to_leader().is_some() => Err(ProposeError::NotLeader { tablet }),
+            Err(e) => Err(ProposeError::Unavailable {
+                tablet,
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    /// Waits until the group has a leader and this replica applied its
+    /// whole log.
+    pub async fn wait_ready(&self, timeout: Duration) -> crate::Result<()> {
+        self.raft
+            .wait(Some(timeout))
+            .metrics(
+                |m| {
+                    m.current_leader.is_some()
+                        && m.last_applied.as_ref().map(|l| l.index()) >= m.last_log_index
+                },
+                "leader elected and log applied",
+            )
+            .await
+            .map(drop)
+            .map_err(|e| crate::Error::Timeout {
+                what: format!("tablet {} not ready", self.tablet.id),
+                after: timeout,
+                reason: e.to_string(),
+            })
+    }
+
+    /// Builds a snapshot (at the tablet's checkpoint) and purges the log
+    /// up to `checkpoint` once the snapshot covers it.
+    pub async fn purge_after_snapshot(&self, checkpoint: u64) {
+        if self.raft.trigger().snapshot().await.is_err() {
+            return;
+        }
+        let waited = self
+            .raft
+            .wait(Some(Duration::from_secs(30)))
+            .metrics(
+                |m| m.snapshot.as_ref().map(|l| l.index()) >= Some(checkpoint),
+                "snapshot covers checkpoint",
+            )
+            .await;
+        if waited.is_ok() {
+            let _ = self.raft.trigger().purge_log(checkpoint).await;
+        }
+    }
+}
+
+/// Creates the group of `tablet` with these voter replica ids on `raft`.
+pub async fn initialize(raft: &TabletRaft, tablet: u64, voters: &[u64]) -> crate::Result<()> {
+    let members: BTreeMap<u64, BasicNode> =
+        voters.iter().map(|r| (*r, BasicNode::default())).collect();
+    raft.initialize(members)
+        .await
+        .map_err(|e| crate::Error::RaftInit {
+            tablet,
+            reason: format!("initialize: {e}"),
+        })
+}
+
+/// Starts a campaign now (`pre_vote`: with a pre-vote round first).
+pub async fn campaign(raft: &TabletRaft, pre_vote: bool) {
+    let _ = raft.trigger().elect(pre_vote).await;
+}
+
+/// True when openraft's effective membership (from the log or the state
+/// machine) has exactly one voter: `me`.
+pub fn sole_voter_in_log(raft: &TabletRaft, me: u64) -> bool {
+    let m = raft.metrics().borrow_watched().membership_config.clone();
+    m.membership().voter_ids().eq([me])
+}
