@@ -8,8 +8,8 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use stele_quorum::refuse;
 use stele_proto::pb;
+use stele_quorum::refuse;
 use tonic::{Request, Response, Status};
 
 use crate::placement::{Cluster, NodeState, PlacementError};
