@@ -124,6 +124,7 @@ impl Netns {
             &["addr", "add", &format!("{}/24", n.gateway()), "dev", &br],
         )?;
         sh("ip", &["link", "set", &br, "up"])?;
+        n.accept_forwarding();
         for i in 1..=nodes {
             let (ns, root_end, ns_end) = (n.ns(i), n.veth_root(i), n.veth_ns(i));
             sh("ip", &["netns", "add", &ns])?;
@@ -162,6 +163,47 @@ impl Netns {
             )?;
         }
         Ok(n)
+    }
+
+    /// Bridged frames pass the root namespace's iptables FORWARD chain
+    /// (br_netfilter), whose policy the Docker daemon sets to DROP: without
+    /// an explicit accept, nodes on our bridge cannot reach each other and
+    /// the run ends with "did not come up". The rule names only our bridge
+    /// and is removed with it. A machine without iptables has no such
+    /// policy to get past.
+    fn accept_forwarding(&self) {
+        let br = self.bridge();
+        let rule = [
+            "FORWARD",
+            "-i",
+            br.as_str(),
+            "-o",
+            br.as_str(),
+            "-j",
+            "ACCEPT",
+        ];
+        let mut insert = vec!["-I"];
+        insert.extend(rule);
+        // Without iptables there is no such policy to get past; a run that
+        // still cannot connect fails loudly at "did not come up".
+        let _ = sh("iptables", &insert);
+    }
+
+    fn drop_forwarding(&self) {
+        let br = self.bridge();
+        let rule = [
+            "FORWARD",
+            "-i",
+            br.as_str(),
+            "-o",
+            br.as_str(),
+            "-j",
+            "ACCEPT",
+        ];
+        // Every copy: an earlier run on this subnet may have left one.
+        let mut delete = vec!["-D"];
+        delete.extend(rule);
+        while sh("iptables", &delete).is_ok() {}
     }
 
     fn bridge(&self) -> String {
@@ -242,6 +284,7 @@ impl Netns {
             let _ = sh("ip", &["link", "del", &self.veth_root(i)]);
         }
         let _ = sh("ip", &["link", "del", &self.bridge()]);
+        self.drop_forwarding();
         self.created = false;
     }
 }
