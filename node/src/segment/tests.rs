@@ -615,11 +615,12 @@ fn golden_opts() -> WriteOptions {
 /// its id is `GOLDEN_V2_ID`. Never regenerate a committed golden file: point this
 /// at a new `segment_v3.seg` for a new version instead (v1 was written by row schema 1).
 #[test]
-#[ignore]
+#[ignore = "a generator, not a check: STELE_WRITE_GOLDEN=1 rewrites the golden segment"]
 fn write_golden() {
-    if std::env::var_os("STELE_WRITE_GOLDEN").is_none() {
-        return;
-    }
+    assert!(
+        std::env::var_os("STELE_WRITE_GOLDEN").is_some(),
+        "set STELE_WRITE_GOLDEN=1 to rewrite the golden segment"
+    );
     let bytes = encode(
         &golden_header(),
         &golden_rows_with_vshards(),
