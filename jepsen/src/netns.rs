@@ -172,38 +172,23 @@ impl Netns {
     /// and is removed with it. A machine without iptables has no such
     /// policy to get past.
     fn accept_forwarding(&self) {
-        let br = self.bridge();
-        let rule = [
-            "FORWARD",
-            "-i",
-            br.as_str(),
-            "-o",
-            br.as_str(),
-            "-j",
-            "ACCEPT",
-        ];
-        let mut insert = vec!["-I"];
-        insert.extend(rule);
         // Without iptables there is no such policy to get past; a run that
         // still cannot connect fails loudly at "did not come up".
-        let _ = sh("iptables", &insert);
+        let _ = self.forward_rule("-I");
     }
 
     fn drop_forwarding(&self) {
-        let br = self.bridge();
-        let rule = [
-            "FORWARD",
-            "-i",
-            br.as_str(),
-            "-o",
-            br.as_str(),
-            "-j",
-            "ACCEPT",
-        ];
         // Every copy: an earlier run on this subnet may have left one.
-        let mut delete = vec!["-D"];
-        delete.extend(rule);
-        while sh("iptables", &delete).is_ok() {}
+        while self.forward_rule("-D").is_ok() {}
+    }
+
+    /// Inserts (`-I`) or deletes (`-D`) the FORWARD accept for our bridge.
+    fn forward_rule(&self, op: &str) -> anyhow::Result<()> {
+        let br = self.bridge();
+        sh(
+            "iptables",
+            &[op, "FORWARD", "-i", &br, "-o", &br, "-j", "ACCEPT"],
+        )
     }
 
     fn bridge(&self) -> String {
