@@ -313,20 +313,7 @@ mod tests {
 
     #[test]
     fn plan_groups_by_tablet() {
-        let routes = RouteTable::from_descriptors(&[
-            TabletDescriptor {
-                id: 1,
-                vshard_lo: 0,
-                vshard_hi: 100,
-                ..Default::default()
-            },
-            TabletDescriptor {
-                id: 2,
-                vshard_lo: 100,
-                vshard_hi: 200,
-                ..Default::default()
-            },
-        ]);
+        let routes = two_tablets();
         let items = |vs: &[u32]| -> Vec<Item> {
             vs.iter()
                 .enumerate()
