@@ -36,6 +36,8 @@ use anyhow::Context;
 pub struct ChildFlags {
     pub tablets: u32,
     pub tuning: Vec<String>,
+    /// Environment of every node (the S3 keys: never on a command line).
+    pub env: Vec<(String, String)>,
 }
 
 fn ensure_certs(dir: &Path, nodes: u64) -> anyhow::Result<()> {
@@ -218,7 +220,15 @@ pub async fn run(
     let exe = std::env::current_exe().context("locate the stele binary")?;
     let mut children: Vec<(String, Child)> = Vec::new();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();
+    // Children take every setting as a flag: a STELE_* variable of the
+    // parent's environment must not override one (flags win, but a setting
+    // `dev` leaves at its default would not).
+    let inherited = crate::cmd::config::server_env_vars();
     let mut spawn = |label: String, mut cmd: Command| -> anyhow::Result<()> {
+        for v in &inherited {
+            cmd.env_remove(v);
+        }
+        cmd.envs(flags.env.iter().map(|(k, v)| (k, v)));
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());

@@ -7,14 +7,18 @@
 //! in `stele-node` (the server) and `stele-client` (everything that talks
 //! to one).
 
+mod addresses;
 mod cmd;
+mod config;
 mod dev_cell;
+mod http;
 mod server;
+mod stop;
 mod tuning;
 
-use clap::{Parser, Subcommand};
+use clap::Subcommand;
 
-#[derive(Parser)]
+#[derive(clap::Parser)]
 #[command(
     name = "stele",
     version,
@@ -62,6 +66,11 @@ enum Command {
     Cert(cmd::cert::CertCommand),
     /// Rebuild a cell's tablets from its object store into a new data directory.
     Restore(cmd::restore::RestoreArgs),
+    /// `stele server` config files: check one, print the default.
+    #[command(subcommand)]
+    Config(cmd::config::ConfigCommand),
+    /// Probe a server's HTTP status listener (`/readyz`, `/healthz`): exit 0 only on 200.
+    Health(cmd::health::HealthArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -83,7 +92,8 @@ fn run() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    // `stele server` also reads STELE_* variables and --config (config.rs).
+    let cli: Cli = config::parse_cli()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -103,6 +113,8 @@ fn run() -> anyhow::Result<()> {
             Command::Directory(c) => cmd::directory::run(c).await,
             Command::Ns(c) => cmd::ns::run(c).await,
             Command::Restore(a) => cmd::restore::run(a).await,
+            Command::Config(c) => cmd::config::run(c),
+            Command::Health(a) => cmd::health::run(a).await,
         }
     })
 }

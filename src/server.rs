@@ -7,20 +7,25 @@
 //!                  QUIC transport, peer filter, Node::open_with_peers
 //!               ─► agent (registers with controllers) or wait for tablets
 //!               ─► serve data API + extra routes ─► print "listening on"
-//!               ─► Ctrl-C / SIGTERM ─► cancel, node, agent, controller down
+//!               ─► Ctrl-C / SIGTERM ─► hand off leaderships, stop serving
+//!                  (in-flight calls end), node, agent, controller down
+//!                  (`crate::stop`, within --shutdown-deadline-ms)
 //! ```
 //!
 //! A directory member (`--roles directory`) is its own process:
 //! [`run_directory`].
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use stele_node::{Node, NodeOptions};
+use stele_proto::addr::HostPort;
 use tokio_util::sync::CancellationToken;
+
+use crate::addresses::{Endpoint, PEER, bind_address};
+use crate::stop::Signals;
 
 /// The controller side of a process, and the node's link to controllers.
 pub struct ControlRoles {
@@ -43,8 +48,8 @@ impl ControlRoles {
 
 /// Node-to-node settings of a multi-node cell.
 pub struct Peering {
-    pub listen: SocketAddr,
-    pub peers: Vec<(u64, SocketAddr)>,
+    pub listen: Endpoint,
+    pub peers: Vec<(u64, HostPort)>,
     pub certs: PathBuf,
 }
 
@@ -55,25 +60,28 @@ struct OpenNode {
     set_peer: Option<stele_node::agent::SetPeer>,
     /// The peer-filter file watch (fault injection), stopped by `cancel`.
     filter_watch: Option<tokio::task::JoinHandle<()>>,
+    /// The QUIC endpoint other nodes are told (with peers).
+    peer_advertised: Option<HostPort>,
 }
 
 /// Runs the roles of one process on `listen` until Ctrl-C or SIGTERM.
 pub async fn run_server(
     options: NodeOptions,
-    listen: SocketAddr,
+    listen: Endpoint,
     label: &str,
     peering: Option<Peering>,
     roles: ControlRoles,
 ) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(listen)
+    let listener = tokio::net::TcpListener::bind(listen.listen.to_string())
         .await
-        .with_context(|| format!("bind {listen}"))?;
+        .with_context(|| format!("bind --listen {}", listen.listen))?;
     let addr = listener.local_addr()?;
+    let advertised = listen.advertised(addr).http_url();
     let cancel = CancellationToken::new();
     let mut routes = tonic::service::Routes::default();
     let controller = match roles.controller {
         Some(co) => {
-            let c = start_controller(co, addr).await?;
+            let c = start_controller(co, &advertised).await?;
             let (api, quorum) = c.services();
             routes = routes.add_service(api).add_service(quorum);
             Some(c)
@@ -84,7 +92,7 @@ pub async fn run_server(
         serve_until_signal(
             routes,
             listener,
-            &format!("stele {label}: controller listening on http://{addr}"),
+            &format!("stele {label}: controller listening on {advertised} (bound {addr})"),
         )
         .await?;
         if let Some(c) = controller {
@@ -93,20 +101,20 @@ pub async fn run_server(
         return Ok(());
     }
     let mut options = options;
-    options.advertise = format!("http://{addr}");
+    options.advertise = advertised.clone();
     let data_dir = options.data_dir.clone();
     let tablets = options.initial_tablets;
-    let peer_listen = peering.as_ref().map(|p| p.listen);
     let OpenNode {
         node,
         set_peer,
         filter_watch,
+        peer_advertised,
     } = open_node(options, peering, &cancel).await?;
     let agent = match roles.agent {
         Some(mut ao) => {
-            ao.client_endpoint = format!("http://{addr}");
+            ao.client_endpoint = advertised.clone();
             if ao.peer_endpoint.is_empty() {
-                ao.peer_endpoint = peer_listen.map(|a| a.to_string()).unwrap_or_default();
+                ao.peer_endpoint = peer_advertised.map(|a| a.to_string()).unwrap_or_default();
             }
             let agent = stele_node::agent::Agent::new(node.clone(), ao, set_peer);
             Some(tokio::spawn(agent.run()))
@@ -125,7 +133,7 @@ pub async fn run_server(
         cancel.clone(),
     ));
     println!(
-        "stele {label}: listening on http://{addr} (data dir {}, {} tablets, replayed {} journal frames)",
+        "stele {label}: listening on {advertised} (bound {addr}, data dir {}, {} tablets, replayed {} journal frames)",
         data_dir.display(),
         node.replica_count()
             .max(tablets as usize)
@@ -134,13 +142,15 @@ pub async fn run_server(
             .replayed_frames
             .load(std::sync::atomic::Ordering::Relaxed),
     );
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    crate::http::health().watch_node(node.clone());
+    crate::http::health().set_ready(true);
+    let mut signals = Signals::new()?;
+    let mut server = server;
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-        r = server => { r??; }
+        _ = signals.next() => {}
+        r = &mut server => { r??; }
     }
-    cancel.cancel();
+    crate::stop::graceful(&node, &mut signals, &cancel, server).await;
     if let Some(watch) = filter_watch {
         let _ = watch.await;
     }
@@ -158,10 +168,10 @@ pub async fn run_server(
 /// unless told otherwise.
 async fn start_controller(
     mut co: stele_controller::ControllerOptions,
-    addr: SocketAddr,
+    advertised: &str,
 ) -> anyhow::Result<Arc<stele_controller::Controller>> {
     if co.advertise.is_empty() {
-        co.advertise = format!("http://{addr}");
+        co.advertise = advertised.to_string();
     }
     stele_controller::Controller::start(co)
         .await
@@ -181,6 +191,7 @@ async fn open_node(
             node,
             set_peer: None,
             filter_watch: None,
+            peer_advertised: None,
         });
     };
     use stele_node::peering::{RaftHandler, SharedTransport};
@@ -195,13 +206,15 @@ async fn open_node(
         options.node_id
     );
     let handler = RaftHandler::new();
+    let bind = bind_address(PEER.listen, &p.listen.listen).await?;
     let transport = Transport::bind(
-        TransportOptions::new(options.node_id, p.listen, identity),
+        TransportOptions::new(options.node_id, bind, identity),
         handler.clone(),
     )
     .context("bind peer transport")?;
+    let peer_advertised = p.listen.advertised(transport.local_addr()?);
     for (id, peer) in &p.peers {
-        transport.set_peer(*id, *peer);
+        transport.set_peer(*id, peer.clone());
     }
     let transport = Arc::new(transport);
     let t = transport.clone();
@@ -228,18 +241,20 @@ async fn open_node(
         node,
         set_peer: Some(set_peer),
         filter_watch,
+        peer_advertised: Some(peer_advertised),
     })
 }
 
 /// A directory member: its quorum and API on one port, until SIGTERM.
 pub async fn run_directory(
     opts: stele_directory::DirectoryOptions,
-    listen: SocketAddr,
+    listen: Endpoint,
 ) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(listen)
+    let listener = tokio::net::TcpListener::bind(listen.listen.to_string())
         .await
-        .with_context(|| format!("bind {listen}"))?;
+        .with_context(|| format!("bind --listen {}", listen.listen))?;
     let addr = listener.local_addr()?;
+    let advertised = listen.advertised(addr).http_url();
     let d = stele_directory::Directory::start(opts)
         .await
         .context("start directory")?;
@@ -250,7 +265,7 @@ pub async fn run_directory(
     serve_until_signal(
         routes,
         listener,
-        &format!("stele directory: listening on http://{addr}"),
+        &format!("stele directory: listening on {advertised} (bound {addr})"),
     )
     .await?;
     d.shutdown().await;
@@ -272,12 +287,13 @@ async fn serve_until_signal(
         cancel.clone(),
     ));
     println!("{ready}");
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    crate::http::health().set_ready(true);
+    let mut signals = Signals::new()?;
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+        _ = signals.next() => {}
         r = server => { r??; }
     }
+    crate::http::health().set_ready(false);
     cancel.cancel();
     Ok(())
 }

@@ -12,6 +12,11 @@ use stele_node::NodeOptions;
 /// Storage tuning shared by `dev` and `server`.
 #[derive(clap::Args)]
 pub struct Tuning {
+    /// Graceful stop (SIGTERM, Ctrl-C): the longest the hand-off of this
+    /// node's leaderships and its in-flight calls may take before it
+    /// stops anyway, ms.
+    #[arg(long, default_value_t = 10_000)]
+    pub shutdown_deadline_ms: u64,
     /// Seal a tablet's memtable at this many bytes.
     #[arg(long, default_value_t = 32 << 20)]
     pub memtable_bytes_max: usize,
@@ -57,8 +62,10 @@ pub struct Tuning {
 #[derive(clap::Args, Clone)]
 pub struct ColdTierArgs {
     /// Object store for sealed segments: `file:///abs/dir` or
-    /// `s3://bucket/prefix`. S3 credentials come from --s3-access-key-id /
-    /// --s3-secret-access-key or the standard AWS_* environment variables.
+    /// `s3://bucket/prefix`. S3 credentials come from STELE_S3_ACCESS_KEY_ID
+    /// / STELE_S3_SECRET_ACCESS_KEY, files named by --s3-access-key-id-file
+    /// / --s3-secret-access-key-file, or the standard AWS_* environment
+    /// variables.
     #[arg(long)]
     pub object_store: Option<String>,
     /// Opaque cell id, part of every object key ([a-z0-9-], at most 64).
@@ -72,10 +79,20 @@ pub struct ColdTierArgs {
     pub s3_region: Option<String>,
     #[arg(long)]
     pub s3_allow_http: bool,
-    #[arg(long)]
+    /// A secret: from the environment only (a flag is refused, see
+    /// `crate::config`).
+    #[arg(long, env = "STELE_S3_ACCESS_KEY_ID", hide_env_values = true)]
     pub s3_access_key_id: Option<String>,
-    #[arg(long)]
+    /// A secret: from the environment only (a flag is refused).
+    #[arg(long, env = "STELE_S3_SECRET_ACCESS_KEY", hide_env_values = true)]
     pub s3_secret_access_key: Option<String>,
+    /// File holding the S3 access key id (instead of STELE_S3_ACCESS_KEY_ID).
+    #[arg(long)]
+    pub s3_access_key_id_file: Option<PathBuf>,
+    /// File holding the S3 secret access key (instead of
+    /// STELE_S3_SECRET_ACCESS_KEY).
+    #[arg(long)]
+    pub s3_secret_access_key_file: Option<PathBuf>,
     /// Keep an uploaded segment locally at least this long (seconds) unless
     /// the disk passes 70% used.
     #[arg(long, default_value_t = 24 * 3600)]
@@ -91,6 +108,9 @@ pub struct ColdTierArgs {
 }
 
 impl ColdTierArgs {
+    /// The settings as flags for a child process; the S3 keys are not
+    /// among them (secrets never go on a command line): the child gets
+    /// them from [`ColdTierArgs::secret_env`].
     pub fn to_args(&self) -> Vec<String> {
         let mut out = vec![
             "--cell-id".to_string(),
@@ -104,8 +124,6 @@ impl ColdTierArgs {
             ("--object-store", &self.object_store),
             ("--s3-endpoint", &self.s3_endpoint),
             ("--s3-region", &self.s3_region),
-            ("--s3-access-key-id", &self.s3_access_key_id),
-            ("--s3-secret-access-key", &self.s3_secret_access_key),
         ] {
             if let Some(v) = v {
                 out.extend([flag.to_string(), v.clone()]);
@@ -120,12 +138,55 @@ impl ColdTierArgs {
         out
     }
 
+    /// The S3 keys (access key id, secret access key), from the
+    /// environment or their files.
+    pub fn credentials(&self) -> anyhow::Result<(Option<String>, Option<String>)> {
+        let id = crate::config::secret(
+            "s3_access_key_id",
+            self.s3_access_key_id.as_deref(),
+            self.s3_access_key_id_file.as_deref(),
+        )?;
+        let key = crate::config::secret(
+            "s3_secret_access_key",
+            self.s3_secret_access_key.as_deref(),
+            self.s3_secret_access_key_file.as_deref(),
+        )?;
+        Ok((id, key))
+    }
+
+    /// The S3 keys as the environment variables a child process reads them
+    /// from.
+    pub fn secret_env(&self) -> anyhow::Result<Vec<(String, String)>> {
+        let (id, key) = self.credentials()?;
+        Ok([("s3_access_key_id", id), ("s3_secret_access_key", key)]
+            .into_iter()
+            .filter_map(|(k, v)| Some((crate::config::env_of(k), v?)))
+            .collect())
+    }
+
     /// The node's cold tier, if one is configured.
     pub fn open(&self) -> anyhow::Result<Option<Arc<stele_node::tier::Tier>>> {
         let Some(url) = &self.object_store else {
             return Ok(None);
         };
-        let mut o = stele_node::tier::TierOptions::new(url.clone(), self.cell_id.clone());
+        let o = self.tier_options(url)?;
+        let tier =
+            stele_node::tier::Tier::open(o).with_context(|| format!("object store {url}"))?;
+        Ok(Some(tier))
+    }
+
+    /// The bucket alone (the tier's store and key prefix), for the control
+    /// plane's state backups; `None` without `--object-store`.
+    pub fn bucket(&self) -> anyhow::Result<Option<crate::cmd::restore_cell::Bucket>> {
+        let Some(url) = &self.object_store else {
+            return Ok(None);
+        };
+        let o = self.tier_options(url)?;
+        crate::cmd::restore_cell::Bucket::open(&o).map(Some)
+    }
+
+    fn tier_options(&self, url: &str) -> anyhow::Result<stele_node::tier::TierOptions> {
+        let mut o = stele_node::tier::TierOptions::new(url, self.cell_id.clone());
         o.s3_endpoint = self.s3_endpoint.clone();
         o.s3_region = self.s3_region.clone();
         let loopback = self.s3_endpoint.as_deref().is_some_and(|e| {
@@ -134,8 +195,7 @@ impl ColdTierArgs {
                 .any(|p| e.starts_with(p))
         });
         o.s3_allow_http = self.s3_allow_http || loopback;
-        o.s3_access_key_id = self.s3_access_key_id.clone();
-        o.s3_secret_access_key = self.s3_secret_access_key.clone();
+        (o.s3_access_key_id, o.s3_secret_access_key) = self.credentials()?;
         o.hot_age = Duration::from_secs(self.hot_age_s);
         o.cache_bytes_max = self.cold_cache_bytes_max;
         for r in &self.retention {
@@ -148,9 +208,7 @@ impl ColdTierArgs {
             o.retention
                 .insert(ns.to_string(), Duration::from_secs(secs));
         }
-        let tier =
-            stele_node::tier::Tier::open(o).with_context(|| format!("object store {url}"))?;
-        Ok(Some(tier))
+        Ok(o)
     }
 }
 
@@ -203,6 +261,7 @@ pub fn node_options(
     o.node_id = node_id;
     o.initial_tablets = tablets;
     o.advertise = advertise;
+    o.drain_deadline = Duration::from_millis(t.shutdown_deadline_ms);
     o.tablet.memtable_bytes_max = t.memtable_bytes_max;
     o.tablet.memtable_age_max_us = t.memtable_age_max_s.saturating_mul(1_000_000);
     o.tablet.compact_target_bytes = t.compact_target_bytes;

@@ -55,10 +55,10 @@ impl Client {
         if records.is_empty() {
             return Ok(Vec::new());
         }
-        let groups = self.group_by_tablet(namespace, &records).await?;
+        let groups = self.group_by_tablet(namespace, &records).await;
         let opts = &self.inner.opts;
         let mut sends = Vec::new();
-        for idxs in groups {
+        for (_, idxs) in groups {
             for run in chunk(&records, idxs, opts.batch_records_max, opts.batch_bytes_max) {
                 let items = run
                     .into_iter()
@@ -132,8 +132,10 @@ impl Client {
         let first = items[0].vshard;
         if items.iter().any(|i| i.vshard != first) {
             // Different vshards may still share a tablet; check by route.
-            let groups = self.group_by_tablet(namespace, &records).await?;
-            if groups.len() > 1 {
+            // Records with no route yet are left to the driver, which
+            // fails the batch if they turn out to span tablets.
+            let groups = self.group_by_tablet(namespace, &records).await;
+            if groups.iter().filter(|(t, _)| t.is_some()).count() > 1 {
                 return Err(invalid(
                     "records",
                     "an atomic batch must route to one tablet",
@@ -155,41 +157,35 @@ impl Client {
     }
 
     /// Groups record indices by the tablet of their vshard, refreshing the
-    /// routes once if some vshard has none.
+    /// routes once if some vshard has none. Records still without a route
+    /// (a cell whose tablets are not placed yet) form one group of their
+    /// own: its batch goes through the driver, which refreshes the routes
+    /// and retries within the budget like any other redirect. Each group
+    /// comes with its tablet (`None` for that one).
     async fn group_by_tablet(
         &self,
         namespace: &str,
         records: &[Record],
-    ) -> Result<Vec<Vec<usize>>> {
-        for pass in 0..2 {
+    ) -> Vec<(Option<u64>, Vec<usize>)> {
+        let mut pass = 0;
+        loop {
             let routes = self.inner.routes.read().expect("routes lock").clone();
-            let mut groups: HashMap<u64, Vec<usize>> = HashMap::new();
-            let mut missing = None;
+            let mut groups: HashMap<Option<u64>, Vec<usize>> = HashMap::new();
             for (i, r) in records.iter().enumerate() {
-                let v = record_vshard(namespace, r);
-                match routes.lookup(v) {
-                    Some(route) => groups.entry(route.tablet).or_default().push(i),
-                    None => {
-                        missing = Some(v);
-                        break;
-                    }
-                }
+                let tablet = routes.lookup(record_vshard(namespace, r)).map(|r| r.tablet);
+                groups.entry(tablet).or_default().push(i);
             }
-            match missing {
-                None => {
-                    let mut groups: Vec<Vec<usize>> = groups.into_values().collect();
-                    groups.sort_by_key(|g| g[0]);
-                    return Ok(groups);
+            if pass == 0 && groups.contains_key(&None) {
+                pass += 1;
+                if let Err(e) = self.refresh_routes().await {
+                    tracing::debug!(error = %e, "route refresh failed");
                 }
-                Some(vshard) if pass == 1 => return Err(Error::NoRoute { vshard }),
-                Some(_) => {
-                    if let Err(e) = self.refresh_routes().await {
-                        tracing::debug!(error = %e, "route refresh failed");
-                    }
-                }
+                continue;
             }
+            let mut groups: Vec<(Option<u64>, Vec<usize>)> = groups.into_iter().collect();
+            groups.sort_by_key(|(_, g)| g[0]);
+            return groups;
         }
-        unreachable!("the loop returns on its second pass")
     }
 
     /// Sends one batch (one batch id) until it is placed or the policy gives

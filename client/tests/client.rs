@@ -378,3 +378,42 @@ async fn batcher_flushes_on_close() {
     pending.await.unwrap().unwrap();
     assert_eq!(node.lock().applications, 1);
 }
+
+/// A cell whose tablets are not placed yet (the node lists none): an
+/// append keeps its batch and retries within the budget until a tablet
+/// covers it, rather than failing at once with "no tablet covers vshard".
+#[tokio::test]
+async fn an_append_waits_for_a_route_within_the_budget() {
+    let node = FakeNode::with_tablets(Vec::new());
+    let endpoint = node.serve().await.unwrap();
+    let client = Client::connect(
+        &endpoint,
+        ClientOptions {
+            retry: RetryPolicy {
+                attempts_max: u32::MAX,
+                ..opts().retry
+            },
+            ..opts()
+        },
+    )
+    .await
+    .unwrap();
+    let placer = node.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        placer.lock().tablets = vec![TabletDescriptor {
+            id: 1,
+            vshard_lo: 0,
+            vshard_hi: VSHARD_END,
+            generation: 1,
+            leader_node: 1,
+            ..Default::default()
+        }];
+    });
+    let positions = client
+        .append(NS, vec![record("k", 1, b"v".to_vec())])
+        .await
+        .unwrap();
+    assert_eq!(positions.len(), 1);
+    assert_eq!(node.lock().applications, 1);
+}

@@ -48,6 +48,12 @@ impl pb::controller_server::Controller for Api {
                 format!("this controller ({}) is not in the list", c.opts.id),
             ));
         }
+        // Members dial each other at these: refuse what nobody can dial.
+        for p in &req.controllers {
+            if let Err(e) = stele_proto::addr::dialable_url(&p.endpoint) {
+                return Err(refuse("controllers", format!("controller {}: {e}", p.id)));
+            }
+        }
         let members = req
             .controllers
             .iter()
@@ -86,8 +92,13 @@ impl pb::controller_server::Controller for Api {
         if reg.id == 0 || reg.id >= 1 << 16 {
             return Err(refuse("node.id", "node ids are 1..65535"));
         }
-        if reg.client_endpoint.is_empty() || reg.peer_endpoint.is_empty() {
-            return Err(refuse("node", "client and peer endpoints are required"));
+        // An endpoint nobody can dial (0.0.0.0, a port 0, not HOST:PORT)
+        // would be published to every node and client: refuse it here.
+        if let Err(e) = stele_proto::addr::dialable_url(&reg.client_endpoint) {
+            return Err(refuse("node.client_endpoint", e));
+        }
+        if let Err(e) = stele_proto::addr::dialable(&reg.peer_endpoint) {
+            return Err(refuse("node.peer_endpoint", e));
         }
         c.require_leader()?;
         c.health()
@@ -496,6 +507,15 @@ impl pb::controller_server::Controller for Api {
         intent_reply(c, reply)
     }
 
+    async fn restart_safe(
+        &self,
+        request: Request<pb::RestartSafeRequest>,
+    ) -> Result<Response<pb::RestartSafeResponse>, Status> {
+        crate::restart::restart_safe(&self.0, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
     async fn split_tablet(
         &self,
         request: Request<pb::SplitTabletRequest>,
@@ -719,7 +739,7 @@ fn intent_reply(c: &Controller, reply: Reply) -> Result<Response<pb::Intent>, St
     }
 }
 
-fn intent_pb(i: &IntentRec) -> pb::Intent {
+pub(crate) fn intent_pb(i: &IntentRec) -> pb::Intent {
     let (kind, from, to) = match &i.kind {
         IntentKind::Move { from, to, .. } => ("move", *from, *to),
         IntentKind::TransferLeader { to } => ("transfer-leader", 0, *to),

@@ -35,6 +35,9 @@ pub struct HealthView {
     pub loads: HashMap<u64, ((u32, u64), TabletLoad)>,
     /// The zero of the load samples' clock.
     pub epoch: Option<Instant>,
+    /// Nodes being restarted (`RestartSafe`): leader balancing gives them
+    /// no leadership until the instant.
+    pub leader_holds: HashMap<u64, Instant>,
 }
 
 /// Something the scheduler learnt during a pass, for the leader's soft
@@ -67,6 +70,16 @@ pub enum Note {
 }
 
 impl HealthView {
+    /// Keeps leader balancing from giving `node` leadership until `until`.
+    pub fn hold_leaders(&mut self, node: u64, until: Instant) {
+        self.leader_holds.insert(node, until);
+    }
+
+    /// True while `node` is held from taking leadership.
+    pub fn holds_leaders(&self, node: u64, now: Instant) -> bool {
+        self.leader_holds.get(&node).is_some_and(|&t| now < t)
+    }
+
     /// Records a heartbeat of `node` at `now`: its lease renews, its report
     /// replaces the last one, and its leaders' load samples are kept for
     /// `window`.

@@ -10,15 +10,20 @@
 //! - [`scheduler`]: what the leader proposes in one pass, a pure function
 //!   of the state, the health view and the time.
 //! - [`driver`]: proposes what the scheduler plans, once per tick.
+//! - [`restart`]: making a node safe to restart (quorum check, leader
+//!   hand-off), the plan pure.
 //! - [`api`]: the gRPC API.
 //! - [`server`]: a controller process: its quorum, services and driver.
+//! - [`backup`]: the leader's backups of the cell state to the bucket.
 
 pub mod api;
 pub mod autosplit;
+pub mod backup;
 mod driver;
 pub mod error;
 pub mod health;
 pub mod placement;
+pub mod restart;
 pub mod scheduler;
 pub mod server;
 pub mod state;

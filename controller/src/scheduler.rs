@@ -382,7 +382,13 @@ pub fn plan(s: &CellState, h: &HealthView, now: Instant, p: &Policy) -> Plan {
                 tablets: &tablets,
                 replication,
             };
-            for tr in cluster.leader_plan(0.10).into_iter().take(4) {
+            // A node being restarted (`RestartSafe`) gets no leadership.
+            for tr in cluster
+                .leader_plan(0.10)
+                .into_iter()
+                .filter(|tr| !h.holds_leaders(tr.to, now))
+                .take(4)
+            {
                 plan.steps.push_back(Step::WhenIdle(
                     Log::new(
                         Level::Info,

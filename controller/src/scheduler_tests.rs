@@ -907,8 +907,19 @@ fn leaders_are_balanced_every_so_often_while_nothing_moves() {
     let drained: Vec<Command> = (1..=3).map(|t| start_move(t, 3, 4, "drain")).collect();
     let mut never = p.clone();
     never.leader_balance_every = Duration::ZERO;
+    // Node 3 is being restarted (`RestartSafe`): it gets no leadership
+    // until its hold ends.
+    let mut held = fx.clone();
+    held.h.hold_leaders(3, fx.at(30));
+    let to_2: Vec<Command> = transfers
+        .iter()
+        .filter(|c| matches!(c, Command::TransferLeader { to: 2, .. }))
+        .cloned()
+        .collect();
     let cases: Vec<(&str, &Fx, u64, &Policy, Vec<Command>)> = vec![
         ("due", &fx, 10, &p, transfers.clone()),
+        ("a held node takes none", &held, 10, &p, to_2),
+        ("a hold ends", &held, 30, &p, transfers.clone()),
         ("not due yet", &fx, 9, &p, vec![]),
         ("balanced", &balanced, 10, &p, vec![]),
         ("an intent is open", &busy, 10, &p, vec![]),

@@ -44,6 +44,8 @@ pub struct ControllerOptions {
     /// When tablets split by themselves.
     pub split: crate::autosplit::SplitPolicy,
     pub timing: QuorumTiming,
+    /// Back the cell state up to the cell's bucket (`None`: no bucket).
+    pub backup: Option<crate::backup::ControlBackup>,
 }
 
 impl ControllerOptions {
@@ -60,6 +62,7 @@ impl ControllerOptions {
             leader_balance_every: Duration::from_secs(10),
             split: crate::autosplit::SplitPolicy::default(),
             timing: QuorumTiming::default(),
+            backup: None,
         }
     }
 
@@ -99,6 +102,9 @@ impl Controller {
             cancel: CancellationToken::new(),
         });
         tokio::spawn(crate::driver::run(c.clone()));
+        if let Some(b) = c.opts.backup.clone() {
+            crate::backup::spawn(&c, b);
+        }
         Ok(c)
     }
 

@@ -4,6 +4,7 @@
 //! resolve a namespace once and cache the answer, which never goes stale
 //! because a namespace never changes cell.
 
+pub mod backup;
 pub mod server;
 pub mod state;
 

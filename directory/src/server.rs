@@ -23,6 +23,8 @@ pub struct DirectoryOptions {
     /// the least-loaded cell (`stele dev`); off by default.
     pub auto_create: bool,
     pub timing: QuorumTiming,
+    /// Back the directory state up to a bucket (`None`: no bucket).
+    pub backup: Option<crate::backup::DirectoryBackup>,
 }
 
 impl DirectoryOptions {
@@ -32,6 +34,7 @@ impl DirectoryOptions {
             data_dir,
             auto_create: false,
             timing: QuorumTiming::default(),
+            backup: None,
         }
     }
 }
@@ -39,6 +42,8 @@ impl DirectoryOptions {
 pub struct Directory {
     pub opts: DirectoryOptions,
     pub quorum: Arc<Quorum<DirectoryState>>,
+    /// Ends the directory's own tasks (its backups).
+    cancel: tokio_util::sync::CancellationToken,
 }
 
 fn quorum_status(e: stele_quorum::Error) -> Status {
@@ -98,10 +103,15 @@ impl Directory {
             &opts.timing,
         )
         .await?;
-        Ok(Arc::new(Directory {
+        let d = Arc::new(Directory {
             opts,
             quorum: Arc::new(quorum),
-        }))
+            cancel: Default::default(),
+        });
+        if let Some(b) = d.opts.backup.clone() {
+            crate::backup::spawn(d.quorum.clone(), b, d.cancel.child_token());
+        }
+        Ok(d)
     }
 
     /// The gRPC services to mount: the directory API and quorum peering.
@@ -120,6 +130,7 @@ impl Directory {
     }
 
     pub async fn shutdown(&self) {
+        self.cancel.cancel();
         self.quorum.shutdown().await;
     }
 
@@ -203,6 +214,12 @@ impl pb::directory_server::Directory for Api {
                 "members",
                 "member ids must be distinct and non-zero",
             ));
+        }
+        // Members dial each other at these: refuse what nobody can dial.
+        for p in &req.members {
+            if let Err(e) = stele_proto::addr::dialable_url(&p.endpoint) {
+                return Err(refuse("members", format!("member {}: {e}", p.id)));
+            }
         }
         let members = req
             .members

@@ -588,8 +588,9 @@ impl Cell {
                         .arg("--s3-endpoint")
                         .arg(format!("http://{}", proxy.addr()))
                         .args(["--s3-allow-http", "--s3-region", "us-east-1"])
-                        .args(["--s3-access-key-id", "jepsen"])
-                        .args(["--s3-secret-access-key", "jepsen"]);
+                        // Secrets go by environment: a flag is refused.
+                        .env("STELE_S3_ACCESS_KEY_ID", "jepsen")
+                        .env("STELE_S3_SECRET_ACCESS_KEY", "jepsen");
                 }
                 _ => {
                     cmd.arg("--object-store")
@@ -617,6 +618,34 @@ impl Cell {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         false
+    }
+
+    /// A graceful restart of node `n`: SIGTERM, wait for it to exit (a node
+    /// may hand off its leaderships first), SIGKILL if it has not exited by
+    /// `deadline`, then start it again at once. Says how it stopped.
+    pub fn graceful_restart(&mut self, n: usize, deadline: Duration) -> anyhow::Result<String> {
+        let Some(mut child) = self.procs.remove(&n) else {
+            return Ok("not running".into());
+        };
+        if self.paused.contains(&n) {
+            signal(child.id(), libc::SIGCONT);
+            self.paused.retain(|p| *p != n);
+        }
+        let started = Instant::now();
+        signal(child.id(), libc::SIGTERM);
+        let how = loop {
+            if let Some(status) = child.try_wait()? {
+                break format!("exited {status} after {} ms", started.elapsed().as_millis());
+            }
+            if started.elapsed() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break format!("no exit within {} ms: SIGKILL", deadline.as_millis());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        self.start_node(n)?;
+        Ok(how)
     }
 
     pub fn kill(&mut self, n: usize) {

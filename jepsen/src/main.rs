@@ -270,12 +270,13 @@ fn main() -> std::process::ExitCode {
                     ),
                     ("partition", vec![Nemesis::Partition], false, false, 13),
                     (
-                        "churn+split+merge+kill+kill-controller",
+                        "churn+split+merge+kill+restart+kill-controller",
                         vec![
                             Nemesis::Churn,
                             Nemesis::Split,
                             Nemesis::Merge,
                             Nemesis::Kill,
+                            Nemesis::Restart,
                             Nemesis::KillController,
                         ],
                         false,

@@ -72,6 +72,11 @@ pub enum Nemesis {
     PartitionLeader,
     /// SIGKILL the node that leads the workload's tablet.
     KillLeader,
+    /// A graceful restart (a rolling-restart step): SIGTERM a node, wait
+    /// for it to exit (SIGKILL after ten election timeouts), start it again
+    /// at once. Valid whether or not the node hands off its leaderships
+    /// on SIGTERM.
+    Restart,
     /// Every node hears only its two ring neighbours (four or more
     /// nodes); with three, one node bridges two that cannot hear each other.
     PartitionRing,
@@ -121,6 +126,7 @@ impl Nemesis {
         let mut v = vec![
             Nemesis::Kill,
             Nemesis::KillLeader,
+            Nemesis::Restart,
             Nemesis::Pause,
             Nemesis::Partition,
             Nemesis::PartitionLeader,
@@ -155,6 +161,7 @@ impl std::str::FromStr for Nemesis {
             "partition" => Nemesis::Partition,
             "partition-leader" => Nemesis::PartitionLeader,
             "kill-leader" => Nemesis::KillLeader,
+            "restart" => Nemesis::Restart,
             "partition-ring" => Nemesis::PartitionRing,
             "loss" => Nemesis::Loss,
             "kill-controller" => Nemesis::KillController,
@@ -695,6 +702,9 @@ async fn nemesis(
             Nemesis::PartitionLeader | Nemesis::KillLeader => {
                 cell.leader_of(ns_lo).await.unwrap_or(1)
             }
+            // Half the restarts hit the workload tablet's leader: what a
+            // leadership hand-off on SIGTERM is for.
+            Nemesis::Restart if rng.random_bool(0.5) => cell.leader_of(ns_lo).await.unwrap_or(1),
             _ => rng.random_range(1..=nodes),
         };
         let hold = Duration::from_millis(rng.random_range(2 * t..4 * t));
@@ -703,6 +713,11 @@ async fn nemesis(
             Nemesis::Kill | Nemesis::KillLeader => {
                 cell.kill(victim);
                 ("kill".to_string(), vec![victim])
+            }
+            Nemesis::Restart => {
+                let deadline = Duration::from_millis(10 * t);
+                let how = tokio::task::block_in_place(|| cell.graceful_restart(victim, deadline))?;
+                (format!("restart ({how})"), vec![victim])
             }
             Nemesis::Pause => {
                 cell.pause(victim);

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use stele_client::admin::Admin;
+use stele_proto::addr::HostPort;
 use stele_proto::pb;
 
 use crate::endpoints::Endpoints;
@@ -34,8 +35,8 @@ pub struct AgentOptions {
     pub catch_up: Duration,
 }
 
-/// Sets a peer node's QUIC address (the transport, when there is one).
-pub type SetPeer = Arc<dyn Fn(u64, std::net::SocketAddr) + Send + Sync>;
+/// Sets a peer node's QUIC `HOST:PORT` (the transport, when there is one).
+pub type SetPeer = Arc<dyn Fn(u64, HostPort) + Send + Sync>;
 
 /// Counters of the agent, for status and tests.
 #[derive(Debug, Default)]
@@ -70,7 +71,7 @@ pub struct Agent {
     /// Tablets with a reconcile task running.
     busy: Arc<Mutex<HashSet<u64>>>,
     /// Peer addresses already handed to the transport.
-    known_peers: Mutex<std::collections::HashMap<u64, std::net::SocketAddr>>,
+    known_peers: Mutex<std::collections::HashMap<u64, HostPort>>,
     pub stats: Arc<AgentStats>,
 }
 
@@ -178,16 +179,16 @@ impl Agent {
 
     async fn apply(&self, r: pb::HeartbeatResponse) {
         let me = self.replicas.node_id();
-        for p in &r.peers {
-            if p.node == me {
-                continue;
+        if let Some(set) = &self.set_peer {
+            let mut known = self.known_peers.lock().expect("lock poisoned");
+            let (new, bad) = peer_changes(me, &r.peers, &known);
+            for (node, endpoint, error) in bad {
+                self.endpoints.count_bad_peer_endpoint();
+                tracing::warn!(node, endpoint, %error, "peer endpoint from the controller cannot be dialled; ignored");
             }
-            if let (Some(set), Ok(addr)) = (&self.set_peer, p.peer_endpoint.parse()) {
-                let mut known = self.known_peers.lock().expect("lock poisoned");
-                if known.get(&p.node) != Some(&addr) {
-                    known.insert(p.node, addr);
-                    set(p.node, addr);
-                }
+            for (node, addr) in new {
+                known.insert(node, addr.clone());
+                set(node, addr);
             }
         }
         self.endpoints.learn(
@@ -307,6 +308,29 @@ impl Agent {
             }
         }
     }
+}
+
+/// A peer endpoint that cannot be dialled: node, endpoint, why.
+type BadPeer = (u64, String, stele_proto::addr::Error);
+
+/// What a heartbeat reply's peer list changes for the transport: the
+/// peers whose QUIC address is new or moved, and the endpoints that cannot
+/// be dialled (node, endpoint, why), which are left out.
+fn peer_changes(
+    me: u64,
+    peers: &[pb::PeerAddress],
+    known: &std::collections::HashMap<u64, HostPort>,
+) -> (Vec<(u64, HostPort)>, Vec<BadPeer>) {
+    let (mut new, mut bad) = (Vec::new(), Vec::new());
+    for p in peers.iter().filter(|p| p.node != me) {
+        let parsed = p.peer_endpoint.parse::<HostPort>();
+        match parsed.and_then(|a| a.dialable().cloned()) {
+            Ok(addr) if known.get(&p.node) != Some(&addr) => new.push((p.node, addr)),
+            Ok(_) => {}
+            Err(e) => bad.push((p.node, p.peer_endpoint.clone(), e)),
+        }
+    }
+    (new, bad)
 }
 
 /// The leader-following client of the controllers, bounded for a
@@ -456,5 +480,43 @@ impl Agent {
             }
             busy.lock().expect("lock poisoned").remove(&tablet);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(node: u64, ep: &str) -> pb::PeerAddress {
+        pb::PeerAddress {
+            node,
+            peer_endpoint: ep.into(),
+            client_endpoint: format!("http://n{node}:7450"),
+        }
+    }
+
+    #[test]
+    fn peer_changes_take_names_skip_known_and_report_undialable() {
+        let known = std::collections::HashMap::from([(2, "node2:7550".parse().unwrap())]);
+        let peers = [
+            peer(1, "me:1"),
+            peer(2, "node2:7550"),
+            peer(3, "node3:7550"),
+            peer(4, "[::1]:7550"),
+            peer(5, "0.0.0.0:7550"),
+            peer(6, "nonsense"),
+            peer(7, ""),
+        ];
+        let (new, bad) = peer_changes(1, &peers, &known);
+        let new: Vec<(u64, String)> = new.into_iter().map(|(n, a)| (n, a.to_string())).collect();
+        assert_eq!(
+            new,
+            [(3, "node3:7550".to_string()), (4, "[::1]:7550".to_string())]
+        );
+        let bad: Vec<u64> = bad.iter().map(|(n, _, _)| *n).collect();
+        assert_eq!(bad, [5, 6, 7]);
+        // A known peer whose name moved to another port is handed over again.
+        let (new, _) = peer_changes(1, &[peer(2, "node2:7551")], &known);
+        assert_eq!(new, [(2, "node2:7551".parse().unwrap())]);
     }
 }

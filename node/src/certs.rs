@@ -66,6 +66,14 @@ pub enum Error {
     NoNodeName { reason: String },
     #[error("certificate generation failed: {0}")]
     Generate(String),
+    #[error("{}: not a usable certificate signing request: {reason}", .path.display())]
+    BadRequest { path: PathBuf, reason: String },
+    #[error("node id {0}: node ids are 1..65535")]
+    BadNodeId(u64),
+    #[error("--days {0}: a certificate is valid for 1 to {max} days", max = crate::cert_request::DAYS_MAX)]
+    BadValidity(u32),
+    #[error("{}: a key already exists; refusing to replace it (remove it to start over)", .path.display())]
+    KeyExists { path: PathBuf },
 }
 
 impl Error {
@@ -209,28 +217,15 @@ impl CellCa {
     /// Issues a node certificate; returns `(cert_pem, key_pem)`.
     pub fn issue_pem(&self, node_id: u64) -> Result<(String, String)> {
         let key = KeyPair::generate()?;
-        let mut params = CertificateParams::default();
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, node_dns_name(node_id));
-        params.distinguished_name = dn;
-        params.subject_alt_names = vec![
-            SanType::DnsName(node_dns_name(node_id).try_into()?),
-            SanType::DnsName("localhost".try_into()?),
-            SanType::IpAddress(std::net::Ipv4Addr::LOCALHOST.into()),
-        ];
-        params.is_ca = IsCa::ExplicitNoCa;
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        params.use_authority_key_identifier_extension = true;
-        let issuer = Issuer::from_ca_cert_der(&self.cert_der, &self.key)?;
+        let params = node_params(node_id)?;
+        let issuer = self.issuer()?;
         let cert = params.signed_by(&key, &issuer)?;
         Ok((cert.pem(), key.serialize_pem()))
+    }
+
+    /// This CA as the issuer of certificates.
+    pub(crate) fn issuer(&self) -> Result<Issuer<'_, &KeyPair>> {
+        Ok(Issuer::from_ca_cert_der(&self.cert_der, &self.key)?)
     }
 
     /// Issues a node certificate and returns it as an in-memory identity.
@@ -252,6 +247,33 @@ impl CellCa {
         )?;
         write_file(&dir.join(CA_CERT_FILE), self.cert_pem.as_bytes(), false)
     }
+}
+
+/// What a node certificate says: its names (`node-<id>.stele`, `localhost`,
+/// `127.0.0.1`), not a CA, server and client authentication. The CA decides
+/// these, whatever a signing request asks for.
+pub(crate) fn node_params(node_id: u64) -> Result<CertificateParams> {
+    let mut params = CertificateParams::default();
+
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, node_dns_name(node_id));
+    params.distinguished_name = dn;
+    params.subject_alt_names = vec![
+        SanType::DnsName(node_dns_name(node_id).try_into()?),
+        SanType::DnsName("localhost".try_into()?),
+        SanType::IpAddress(std::net::Ipv4Addr::LOCALHOST.into()),
+    ];
+    params.is_ca = IsCa::ExplicitNoCa;
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    params.use_authority_key_identifier_extension = true;
+    Ok(params)
 }
 
 /// Creates a cell CA in `dir` (`ca.key`, mode 0600, and `ca.pem`). Refuses
@@ -408,11 +430,11 @@ fn read_bytes(path: &Path) -> Result<Vec<u8>> {
     std::fs::read(path).map_err(|e| Error::io(path, e))
 }
 
-fn read_string(path: &Path) -> Result<String> {
+pub(crate) fn read_string(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).map_err(|e| Error::io(path, e))
 }
 
-fn write_file(path: &Path, bytes: &[u8], secret: bool) -> Result<()> {
+pub(crate) fn write_file(path: &Path, bytes: &[u8], secret: bool) -> Result<()> {
     if secret {
         // durable_write truncates and reuses an existing `<name>.tmp`, which
         // keeps that file's mode; creating it here with 0600 first means the

@@ -3,6 +3,7 @@
 //! transport, once it exists (for its counters in status).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 
 use crate::transport::{Transport, TransportStats};
@@ -18,6 +19,8 @@ pub struct Endpoints {
     /// The transport is bound before the node opens (its groups need it)
     /// and handed over afterwards, for status only.
     transport: OnceLock<Arc<Transport>>,
+    /// Peer endpoints from the controller that could not be dialled.
+    bad_peer_endpoints: AtomicU64,
 }
 
 impl Endpoints {
@@ -28,6 +31,7 @@ impl Endpoints {
             fixed,
             learned: Default::default(),
             transport: OnceLock::new(),
+            bad_peer_endpoints: AtomicU64::new(0),
         }
     }
 
@@ -53,6 +57,15 @@ impl Endpoints {
             .get(&node)
             .cloned()
             .unwrap_or_default()
+    }
+
+    /// Counts a peer endpoint the controller sent that cannot be dialled.
+    pub fn count_bad_peer_endpoint(&self) {
+        self.bad_peer_endpoints.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn bad_peer_endpoints(&self) -> u64 {
+        self.bad_peer_endpoints.load(Ordering::Relaxed)
     }
 
     /// Lets status report the transport's counters (the first call wins).

@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod catalog;
+pub mod cert_request;
 pub mod certs;
 pub mod disk;
 pub mod endpoints;

@@ -100,6 +100,9 @@ pub struct NodeOptions {
     /// serves only the namespaces the directory placed on its cell
     /// ([`crate::ownership`]); without it, every namespace.
     pub directory: Option<crate::ownership::DirectoryLink>,
+    /// How long a graceful stop (SIGTERM) may take: leadership hand-off,
+    /// in-flight calls, shutdown (`Node::drain_leadership`).
+    pub drain_deadline: Duration,
 }
 
 impl NodeOptions {
@@ -109,6 +112,7 @@ impl NodeOptions {
             data_dir,
             node_id: 1,
             initial_tablets: 16,
+            drain_deadline: Duration::from_secs(10),
             cell_nodes: vec![1],
             advertise: String::new(),
             peer_endpoints: BTreeMap::new(),
@@ -436,6 +440,38 @@ impl Node {
         })
     }
 
+    /// Graceful stop, the node's half (`src/stop.rs` is the process's):
+    /// every tablet this node leads is handed to a caught-up voter, so it
+    /// has a leader again in a round trip instead of after an election
+    /// timeout. Hands off every leadership this node holds and waits, until
+    /// `deadline`, for it to lead nothing; a tablet that comes back (the
+    /// controller's balancer) is handed off again. Nothing else stops: the
+    /// caller stops serving and shuts the node down after.
+    pub async fn drain_leadership(&self, deadline: Duration) -> DrainReport {
+        let started = std::time::Instant::now();
+        let mut handed = std::collections::BTreeSet::new();
+        loop {
+            let leading: Vec<_> = self
+                .replicas()
+                .into_iter()
+                .filter(|r| r.is_leader())
+                .collect();
+            if leading.is_empty() || started.elapsed() >= deadline {
+                return DrainReport {
+                    handed_off: handed.len(),
+                    still_leading: leading.len(),
+                    elapsed: started.elapsed(),
+                };
+            }
+            for r in &leading {
+                if r.hand_off_leadership().await.is_some() {
+                    handed.insert(r.tablet.id);
+                }
+            }
+            tokio::time::sleep(DRAIN_POLL).await;
+        }
+    }
+
     /// Resolves when the node starts shutting down.
     pub async fn cancelled(&self) {
         self.cancel.cancelled().await
@@ -571,3 +607,17 @@ pub fn data_dir_node_id(dir: &Path) -> Option<u64> {
     let f: DataDirFormat = crate::catalog::from_cbor("data dir FORMAT", &bytes).ok()?;
     Some(f.node_id)
 }
+
+/// What a drain did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DrainReport {
+    /// Tablets whose leadership was handed off.
+    pub handed_off: usize,
+    /// Tablets still led here when the drain ended (deadline reached, or no
+    /// other voter to take them).
+    pub still_leading: usize,
+    pub elapsed: Duration,
+}
+
+/// How often a drain looks again at what this node leads.
+const DRAIN_POLL: Duration = Duration::from_millis(50);

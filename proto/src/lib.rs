@@ -4,6 +4,7 @@
 //!
 //! **Architecture invariant:** this crate depends on no workspace crate.
 
+pub mod addr;
 pub mod command;
 pub mod error;
 pub mod limits;

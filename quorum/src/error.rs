@@ -69,6 +69,9 @@ pub enum Error {
     /// changed, so the member stops rather than serve or snapshot it.
     #[error("the quorum state lock is poisoned by an earlier panic; restart the member")]
     Poisoned,
+    /// A seeded (restored) member directory cannot be written as asked.
+    #[error("seed the quorum in {}: {reason}", path.display())]
+    Seed { path: PathBuf, reason: String },
     #[error("quorum raft configuration: {0}")]
     Config(#[from] openraft::ConfigError),
     #[error("start the quorum raft: {0}")]

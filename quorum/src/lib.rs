@@ -21,11 +21,13 @@
 //! crate than `stele-proto`; the storage node is not part of a control
 //! plane process.
 
+pub mod backup;
 mod error;
 mod machine;
 mod network;
 #[cfg(test)]
 mod quorum_test;
+mod seed;
 mod service;
 mod store;
 #[cfg(test)]
@@ -46,6 +48,7 @@ use serde::{Deserialize, Serialize};
 
 pub use error::{Error, Result};
 pub use machine::{CborState, QuorumState};
+pub use seed::seed;
 pub use service::QuorumService;
 
 use machine::Machine;
@@ -250,6 +253,12 @@ impl<S: QuorumState> Quorum<S> {
             .nodes()
             .map(|(id, n)| (*id, n.addr.clone()))
             .collect()
+    }
+
+    /// The last log index applied on this member, if any.
+    pub fn applied_index(&self) -> Option<u64> {
+        use openraft::LogIdOptionExt;
+        self.raft.metrics().borrow_watched().last_applied.index()
     }
 
     /// The current term (changes with every new leader).

@@ -27,8 +27,8 @@ const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 
 const VOTE: &str = "vote";
-const COMMITTED: &str = "committed";
-const PURGED: &str = "purged";
+pub(crate) const COMMITTED: &str = "committed";
+pub(crate) const PURGED: &str = "purged";
 const SNAPSHOT: &str = "snapshot";
 
 /// The database file inside a member's directory.

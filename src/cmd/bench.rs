@@ -1,7 +1,9 @@
 //! `stele bench`: durable-append load against a cell, or with
 //! `--fsync-probe DIR` the device's raw 4 KiB write + fdatasync rate. The
 //! work is in functions that return data (`bench`, `fsync_probe`), the
-//! printing in `run_bench`.
+//! printing in `run`. With `--verify` every acknowledged record is read
+//! back after the load (`verify`). SIGTERM or SIGINT ends the load early;
+//! the report (and verification) still follows.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -12,7 +14,8 @@ use clap::Args;
 use hdrhistogram::Histogram;
 use rand::{Rng, RngCore, SeedableRng};
 use serde::Serialize;
-use stele_client::{Client, ClientOptions, record};
+use stele_client::{Client, ClientOptions, RetryPolicy, record};
+use tokio_util::sync::CancellationToken;
 
 use super::client::{DEFAULT_ENDPOINT, now_us};
 
@@ -43,6 +46,14 @@ pub struct BenchArgs {
     /// Measure the device under DIR instead of a cell.
     #[arg(long, value_name = "DIR")]
     pub fsync_probe: Option<PathBuf>,
+    /// After the load, read back every acknowledged record; fail if one is
+    /// lost or duplicated.
+    #[arg(long)]
+    pub verify: bool,
+    /// How long one append keeps retrying (elections, leader transfers)
+    /// before it counts as an error: `30s`, `500ms` (default 30s).
+    #[arg(long, value_parser = parse_duration)]
+    pub retry_budget: Option<Duration>,
 }
 
 /// Parses `10s`, `500ms`, `2m`, `1h`, `1.5s` or a bare number of seconds.
@@ -89,6 +100,13 @@ pub struct BenchReport {
     pub record_bytes: usize,
     pub batch_records: usize,
     pub duration_s: f64,
+    /// The longest time without any acknowledgement during the load.
+    pub max_stall_ms: f64,
+    /// The load was ended early by SIGTERM or SIGINT.
+    pub interrupted: bool,
+    /// The read-back, with `--verify`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verify: Option<verify::VerifyReport>,
 }
 
 impl BenchReport {
@@ -97,7 +115,8 @@ impl BenchReport {
             "{:.0} records/s, {:.2} MB/s, {:.0} requests/s over {:.1} s\n\
              latency per request: p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms\n\
              node fsyncs: {:.0}/s, {:.1} records per fsync\n\
-             {} records acked, {} errors (concurrency {}, {} records x {} bytes per request)",
+             {} records acked, {} errors (concurrency {}, {} records x {} bytes per request)\n\
+             longest write stall: {:.0} ms{}",
             self.records_per_s,
             self.mb_per_s,
             self.requests_per_s,
@@ -112,7 +131,16 @@ impl BenchReport {
             self.concurrency,
             self.batch_records,
             self.record_bytes,
-        )
+            self.max_stall_ms,
+            if self.interrupted {
+                " (load ended early by a signal)"
+            } else {
+                ""
+            },
+        ) + &self
+            .verify
+            .as_ref()
+            .map_or(String::new(), |v| format!("\n{}", v.human()))
     }
 }
 
@@ -121,16 +149,50 @@ struct WorkerResult {
     records: u64,
     requests: u64,
     errors: u64,
+    /// When each acknowledgement came, since the load started.
+    acks: Vec<Duration>,
+    /// The worker's number, in its keys.
+    worker: usize,
+    /// With `--verify`: the first sequence number of each acknowledged
+    /// request; its records are that many consecutive numbers.
+    acked: Vec<u64>,
+}
+
+/// The key of record `seq` of worker `w` in run `run`: unique in the run,
+/// and all of a run's keys share the prefix [`run_prefix`].
+fn bench_key(run: u32, w: usize, seq: u64) -> String {
+    format!("{}w{w}-{seq:010}", run_prefix(run))
+}
+
+fn run_prefix(run: u32) -> String {
+    format!("r{run:08x}-")
 }
 
 /// Runs the append load for `duration` and measures it.
+#[cfg(test)]
 pub async fn bench(args: &BenchArgs, duration: Duration) -> anyhow::Result<BenchReport> {
+    bench_until(args, duration, CancellationToken::new()).await
+}
+
+/// [`bench`], ended early when `stop` is cancelled (requests in flight
+/// finish first).
+pub async fn bench_until(
+    args: &BenchArgs,
+    duration: Duration,
+    stop: CancellationToken,
+) -> anyhow::Result<BenchReport> {
     anyhow::ensure!(args.concurrency > 0, "--concurrency must be at least 1");
     anyhow::ensure!(args.batch_records > 0, "--batch-records must be at least 1");
     anyhow::ensure!(args.namespaces > 0, "--namespaces must be at least 1");
-    let client = Client::connect(&args.endpoint, ClientOptions::default())
+    let mut opts = ClientOptions::default();
+    if let Some(budget) = args.retry_budget {
+        anyhow::ensure!(!budget.is_zero(), "--retry-budget must be positive");
+        opts.retry = RetryPolicy::with_budget(budget);
+    }
+    let client = Client::connect(&args.endpoint, opts)
         .await
         .with_context(|| format!("connecting to {}", args.endpoint))?;
+    let run: u32 = rand::random();
     let namespaces: Arc<Vec<String>> = Arc::new(
         (0..args.namespaces)
             .map(|i| format!("bench/ns{i}"))
@@ -145,7 +207,9 @@ pub async fn bench(args: &BenchArgs, duration: Duration) -> anyhow::Result<Bench
         let client = client.clone();
         let namespaces = namespaces.clone();
         let first_error = first_error.clone();
-        let (record_bytes, batch_records) = (args.record_bytes, args.batch_records);
+        let stop = stop.clone();
+        let (record_bytes, batch_records, keep) =
+            (args.record_bytes, args.batch_records, args.verify);
         workers.spawn(async move {
             let mut rng = rand::rngs::StdRng::from_os_rng();
             let mut out = WorkerResult {
@@ -153,13 +217,19 @@ pub async fn bench(args: &BenchArgs, duration: Duration) -> anyhow::Result<Bench
                 records: 0,
                 requests: 0,
                 errors: 0,
+                acks: Vec::new(),
+                worker: w,
+                acked: Vec::new(),
             };
-            while Instant::now() < deadline {
+            let mut seq = 0u64;
+            while Instant::now() < deadline && !stop.is_cancelled() {
                 let ns = &namespaces[rng.random_range(0..namespaces.len())];
                 let ts = now_us();
+                let first_seq = seq;
                 let records = (0..batch_records)
                     .map(|_| {
-                        let key = format!("w{w}-{:016x}", rng.random::<u64>());
+                        let key = bench_key(run, w, seq);
+                        seq += 1;
                         let mut value = vec![0u8; record_bytes.saturating_sub(key.len())];
                         rng.fill_bytes(&mut value);
                         record(key, ts, value)
@@ -173,6 +243,10 @@ pub async fn bench(args: &BenchArgs, duration: Duration) -> anyhow::Result<Bench
                         out.records += batch_records as u64;
                         let us = t.elapsed().as_micros().max(1) as u64;
                         out.hist.saturating_record(us);
+                        out.acks.push(started.elapsed());
+                        if keep {
+                            out.acked.push(first_seq);
+                        }
                     }
                     Err(e) => {
                         if !first_error.swap(true, std::sync::atomic::Ordering::Relaxed) {
@@ -189,18 +263,35 @@ pub async fn bench(args: &BenchArgs, duration: Duration) -> anyhow::Result<Bench
     }
     let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3)?;
     let (mut records, mut requests, mut errors) = (0u64, 0u64, 0u64);
+    let (mut acks, mut acked) = (Vec::new(), Vec::new());
     while let Some(res) = workers.join_next().await {
         let w = res.context("bench worker panicked")?;
         hist.add(&w.hist)?;
         records += w.records;
         requests += w.requests;
         errors += w.errors;
+        acks.extend(w.acks);
+        acked.push((w.worker, w.acked));
     }
-    let elapsed = started.elapsed().as_secs_f64();
+    let load_end = started.elapsed();
+    let elapsed = load_end.as_secs_f64();
+    let max_stall = verify::max_stall(&mut acks, load_end);
     let fsyncs_after = fsyncs(&client).await;
     let fsync_count = match (fsyncs_before, fsyncs_after) {
         (Some(a), Some(b)) => b.saturating_sub(a),
         _ => 0,
+    };
+    let verify = if args.verify {
+        let found = verify::read_back(&client, &namespaces, &run_prefix(run)).await?;
+        let batch = args.batch_records as u64;
+        let keys = acked.iter().flat_map(|(w, firsts)| {
+            firsts
+                .iter()
+                .flat_map(move |&first| (first..first + batch).map(move |s| bench_key(run, *w, s)))
+        });
+        Some(verify::tally(keys, found.iter().map(Vec::as_slice)))
+    } else {
+        None
     };
     let ms = |q: f64| {
         if hist.is_empty() {
@@ -228,7 +319,36 @@ pub async fn bench(args: &BenchArgs, duration: Duration) -> anyhow::Result<Bench
         record_bytes: args.record_bytes,
         batch_records: args.batch_records,
         duration_s: elapsed,
+        max_stall_ms: max_stall.as_secs_f64() * 1000.0,
+        interrupted: stop.is_cancelled(),
+        verify,
     })
+}
+
+/// A token cancelled by the first SIGTERM or SIGINT; a second one exits at
+/// once (status 130), for a person who does not want to wait for the
+/// verification.
+fn stop_on_signal() -> anyhow::Result<CancellationToken> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let stop = CancellationToken::new();
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let token = stop.clone();
+    tokio::spawn(async move {
+        for n in 0.. {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            if n > 0 {
+                eprintln!("second signal: exiting without a report");
+                std::process::exit(130);
+            }
+            eprintln!("signal: ending the load, then reporting");
+            token.cancel();
+        }
+    });
+    Ok(stop)
 }
 
 async fn fsyncs(client: &Client) -> Option<u64> {
@@ -298,14 +418,23 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let duration = args.duration.unwrap_or(Duration::from_secs(10));
-    let report = bench(&args, duration).await?;
+    let report = bench_until(&args, duration, stop_on_signal()?).await?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!("{}", report.human());
+    }
+    if let Some(v) = &report.verify {
+        anyhow::ensure!(
+            v.ok(),
+            "verify failed: {} acknowledged records lost, {} duplicated",
+            v.lost,
+            v.duplicated
+        );
     }
     Ok(())
 }
 
 #[cfg(test)]
 mod tests;
+mod verify;

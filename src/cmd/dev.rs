@@ -56,10 +56,12 @@ pub async fn run(mut a: DevArgs) -> anyhow::Result<()> {
         let flags = crate::dev_cell::ChildFlags {
             tablets: a.tablets,
             tuning,
+            env: a.tuning.cold.secret_env()?,
         };
         return crate::dev_cell::run(&a.data_dir, a.listen, a.cells, a.nodes, flags).await;
     }
     let mut o = node_options(a.data_dir, 1, a.tablets, String::new(), &a.tuning);
     o.tier = a.tuning.cold.open()?;
-    run_server(o, a.listen, "dev", None, ControlRoles::node_only()).await
+    let listen = crate::addresses::Endpoint::new(crate::addresses::CLIENT, a.listen.into(), None)?;
+    run_server(o, listen, "dev", None, ControlRoles::node_only()).await
 }

@@ -8,6 +8,7 @@
 //! cell, node, tablet, intent    the controllers (controllers.rs)
 //! directory, ns, cell register|list|retire (registry.rs)   the directory
 //! cert, restore        local files: certificates, a restore from the bucket
+//! config               `stele server` config files (crate::config)
 //! ```
 
 pub mod append;
@@ -15,14 +16,17 @@ pub mod bench;
 pub mod cell;
 pub mod cert;
 pub mod client;
+pub mod config;
 pub mod controllers;
 pub mod dev;
 pub mod directory;
+pub mod health;
 pub mod intent;
 pub mod node;
 pub mod ns;
 pub mod registry;
 pub mod restore;
+pub mod restore_cell;
 pub mod scan;
 pub mod server;
 pub mod status;

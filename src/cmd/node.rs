@@ -1,5 +1,5 @@
 //! `stele node`: the storage nodes of a cell: list, drain, decommission,
-//! activate.
+//! activate, restart-safe (`node/restart_safe.rs`).
 
 use std::time::{Duration, Instant};
 
@@ -41,6 +41,10 @@ pub enum NodeCommand {
         #[command(flatten)]
         target: Target,
     },
+    /// Prepare a node for a restart: refused (nothing changed) if its
+    /// absence would cost a tablet its quorum, else every leadership it
+    /// holds moves to caught-up voters elsewhere.
+    RestartSafe(restart_safe::RestartSafeArgs),
 }
 
 pub async fn list_nodes(a: &Admin) -> anyhow::Result<Vec<pb::NodeInfo>> {
@@ -140,5 +144,8 @@ pub async fn run(cmd: NodeCommand) -> anyhow::Result<()> {
             set_state(&target, id, "decommissioned", wait).await
         }
         NodeCommand::Activate { id, target } => set_state(&target, id, "active", false).await,
+        NodeCommand::RestartSafe(args) => restart_safe::run(args).await,
     }
 }
+
+mod restart_safe;

@@ -2,12 +2,13 @@
 //! directory member alone. This module turns the flags into options and
 //! picks the assembly (`crate::server`); it starts nothing itself.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
+use stele_proto::addr::HostPort;
 
+use crate::addresses::{CLIENT, Endpoint, PEER};
 use crate::server::{ControlRoles, Peering, run_directory, run_server};
 use crate::tuning::{Tuning, node_options};
 
@@ -83,16 +84,37 @@ pub struct ServerArgs {
     /// mark that is on, over a window (0: never; at most 50).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=50))]
     merge_below_percent: u64,
+    /// Controller and directory roles with --object-store: the leader
+    /// writes its state to the bucket at most this often, ms, after a change
+    /// (`cells/<cell-id>/control/`, `directory/`).
+    #[arg(long, default_value_t = 10_000)]
+    control_backup_ms: u64,
+    /// Client (gRPC, TCP) address to listen on: `HOST:PORT`, a name, an
+    /// IPv4 address or `[IPv6]:PORT`; `0.0.0.0` needs --advertise.
     #[arg(long)]
-    listen: SocketAddr,
+    listen: HostPort,
+    /// HTTP status listener, `HOST:PORT`: `/healthz` (alive) and `/readyz`
+    /// (serving: not starting or stopping, journal up), for probes and
+    /// `stele health`.
+    #[arg(long)]
+    http_listen: Option<HostPort>,
+    /// The client `HOST:PORT` others are told (routes, leader hints); by
+    /// default the --listen address, which then must not be 0.0.0.0 or ::.
+    #[arg(long)]
+    advertise: Option<HostPort>,
     #[arg(long)]
     data_dir: PathBuf,
     /// Tablets to create in a new data directory.
     #[arg(long, default_value_t = 16)]
     tablets: u32,
-    /// Node-to-node (QUIC) address; needed with --peers.
+    /// Node-to-node (QUIC, UDP) address to listen on, `HOST:PORT`;
+    /// needed with --peers or --controllers.
     #[arg(long)]
-    peer_listen: Option<SocketAddr>,
+    peer_listen: Option<HostPort>,
+    /// The QUIC `HOST:PORT` other nodes are told; by default the
+    /// --peer-listen address, which then must not be 0.0.0.0 or ::.
+    #[arg(long)]
+    peer_advertise: Option<HostPort>,
     /// The other nodes of the cell: `ID=HOST:PORT,...` (their --peer-listen).
     #[arg(long, value_delimiter = ',', value_parser = parse_id_pair)]
     peers: Vec<(u64, String)>,
@@ -115,6 +137,13 @@ fn parse_id_pair(s: &str) -> Result<(u64, String), String> {
 }
 
 pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
+    // Checked before anything binds: a refusal starts nothing.
+    let listen = Endpoint::new(CLIENT, a.listen.clone(), a.advertise.clone())?;
+    let peer_listen = match (&a.peer_listen, &a.peer_advertise) {
+        (Some(l), adv) => Some(Endpoint::new(PEER, l.clone(), adv.clone())?),
+        (None, Some(_)) => anyhow::bail!("--peer-advertise needs --peer-listen"),
+        (None, None) => None,
+    };
     let is_node = a.roles.iter().any(|r| r == "node");
     let is_controller = a.roles.iter().any(|r| r == "controller");
     if let Some(bad) = a
@@ -123,6 +152,10 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
         .find(|r| !matches!(r.as_str(), "node" | "controller" | "directory"))
     {
         anyhow::bail!("unknown role {bad:?}: want node, controller, directory");
+    }
+    if let Some(h) = &a.http_listen {
+        let bound = crate::http::spawn(h).await?;
+        eprintln!("stele: HTTP status (/healthz, /readyz) on {bound}");
     }
     if a.roles.iter().any(|r| r == "directory") {
         anyhow::ensure!(
@@ -135,14 +168,26 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
         );
         let mut d = stele_directory::DirectoryOptions::new(a.directory_id, a.data_dir.clone());
         d.auto_create = a.auto_create_namespaces;
-        return run_directory(d, a.listen).await;
+        if let Some(b) = a.tuning.cold.bucket()? {
+            let mut backup = stele_directory::backup::DirectoryBackup::new(b.directory);
+            backup.interval = Duration::from_millis(a.control_backup_ms);
+            d.backup = Some(backup);
+        }
+        return run_directory(d, listen).await;
     }
     let controller = if is_controller {
         anyhow::ensure!(
             a.controller_id > 0,
             "the controller role needs --controller-id"
         );
-        Some(controller_options(&a))
+        let mut co = controller_options(&a);
+        if let Some(b) = a.tuning.cold.bucket()? {
+            let mut backup =
+                stele_controller::backup::ControlBackup::new(b.controller, &a.tuning.cold.cell_id);
+            backup.interval = Duration::from_millis(a.control_backup_ms);
+            co.backup = Some(backup);
+        }
+        Some(co)
     } else {
         None
     };
@@ -180,17 +225,17 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
         o.tier = a.tuning.cold.open()?;
     }
     if controlled {
-        let listen = a.peer_listen.context("--controllers needs --peer-listen")?;
+        let peer_listen = peer_listen.context("--controllers needs --peer-listen")?;
         let certs = a
             .certs
             .clone()
             .context("--controllers needs --certs (see `stele cert`)")?;
         return run_server(
             o,
-            a.listen,
+            listen,
             "server",
             Some(Peering {
-                listen,
+                listen: peer_listen,
                 peers: Vec::new(),
                 certs,
             }),
@@ -199,20 +244,19 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
         .await;
     }
     if !is_node {
-        return run_server(o, a.listen, "controller", None, roles).await;
+        return run_server(o, listen, "controller", None, roles).await;
     }
     let peering = if a.peers.is_empty() {
         None
     } else {
-        let listen = a.peer_listen.context("--peers needs --peer-listen")?;
+        let peer_listen = peer_listen.context("--peers needs --peer-listen")?;
         let certs = a
             .certs
             .context("--peers needs --certs (see `stele cert`)")?;
         let mut peers = Vec::new();
         for (id, addr) in &a.peers {
-            let addr: SocketAddr = addr
-                .parse()
-                .with_context(|| format!("peer {id} address {addr:?}"))?;
+            let addr =
+                stele_proto::addr::dialable(addr).with_context(|| format!("--peers {id}"))?;
             peers.push((*id, addr));
         }
         o.cell_nodes = std::iter::once(a.node_id)
@@ -220,14 +264,18 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
             .collect();
         o.cell_nodes.sort_unstable();
         o.cell_nodes.dedup();
+        for (id, url) in &a.peer_endpoints {
+            stele_proto::addr::dialable_url(url)
+                .with_context(|| format!("--peer-endpoints {id}"))?;
+        }
         o.peer_endpoints = a.peer_endpoints.into_iter().collect();
         Some(Peering {
-            listen,
+            listen: peer_listen,
             peers,
             certs,
         })
     };
-    run_server(o, a.listen, "server", peering, roles).await
+    run_server(o, listen, "server", peering, roles).await
 }
 
 /// The controller role's options from the flags.

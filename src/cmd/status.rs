@@ -44,6 +44,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
         ("peer_rejected_frames", s.peer_rejected_frames),
         ("peer_connections_refused", s.peer_connections_refused),
         ("peer_messages_filtered", s.peer_messages_filtered),
+        ("bad_peer_endpoints", s.bad_peer_endpoints),
         ("peer_control_messages", s.peer_control_messages),
         ("peer_control_batches", s.peer_control_batches),
         ("segments_fetched", s.segments_fetched),

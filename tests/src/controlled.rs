@@ -24,6 +24,12 @@ pub struct ControlledCell {
     pub controller_flags: Vec<String>,
     /// Extra node flags (`--directory`, `--cell-id`, ...).
     pub node_flags: Vec<String>,
+    /// A host name every process advertises (`--advertise`,
+    /// `--peer-advertise`) and everyone dials, while listening on
+    /// 127.0.0.1; `None`: the listen address is advertised.
+    pub advertise: Option<String>,
+    /// Every node's `--election-timeout-ms`.
+    pub election_timeout_ms: u64,
 }
 
 impl ControlledCell {
@@ -44,11 +50,30 @@ impl ControlledCell {
                 "1000".into(),
             ],
             node_flags: Vec::new(),
+            election_timeout_ms: 1500,
+            advertise: None,
         }
     }
 
+    /// The host others dial: the advertised name, or 127.0.0.1.
+    fn dial_host(&self) -> &str {
+        self.advertise.as_deref().unwrap_or("127.0.0.1")
+    }
+
+    /// `--advertise HOST:port` (and `--peer-advertise`) when advertising.
+    fn advertise_flags(&self, port: u16, peer: bool) -> Vec<String> {
+        let Some(host) = &self.advertise else {
+            return Vec::new();
+        };
+        let mut f = vec!["--advertise".into(), format!("{host}:{port}")];
+        if peer {
+            f.extend(["--peer-advertise".into(), format!("{host}:{}", port + 100)]);
+        }
+        f
+    }
+
     pub fn controller_endpoint(&self, c: usize) -> String {
-        format!("http://127.0.0.1:{}", self.base + c as u16 - 1)
+        format!("http://{}:{}", self.dial_host(), self.base + c as u16 - 1)
     }
 
     /// Every controller endpoint, comma-separated (the CLI's --controllers).
@@ -70,7 +95,7 @@ impl ControlledCell {
     }
 
     pub fn node_endpoint(&self, n: usize) -> String {
-        format!("http://127.0.0.1:{}", self.node_port(n))
+        format!("http://{}:{}", self.dial_host(), self.node_port(n))
     }
 
     pub fn data_dir(&self, name: &str) -> PathBuf {
@@ -89,6 +114,7 @@ impl ControlledCell {
             "--data-dir".into(),
             self.data_dir(&format!("ctl{c}")).to_str().unwrap().into(),
         ];
+        args.extend(self.advertise_flags(self.base + c as u16 - 1, false));
         args.extend(self.controller_flags.iter().cloned());
         let a: Vec<&str> = args.iter().map(String::as_str).collect();
         Proc::start(&a, &[]).unwrap_or_else(|e| panic!("controller {c}: {e}"))
@@ -119,7 +145,7 @@ impl ControlledCell {
             "--heartbeat-ms".into(),
             "500".into(),
             "--election-timeout-ms".into(),
-            "1500".into(),
+            self.election_timeout_ms.to_string(),
             "--memtable-bytes-max".into(),
             "65536".into(),
             "--disk-reserve-bytes".into(),
@@ -127,6 +153,7 @@ impl ControlledCell {
             "--journal-reserve-bytes".into(),
             "0".into(),
         ];
+        args.extend(self.advertise_flags(self.node_port(n), true));
         args.extend(self.node_flags.iter().cloned());
         let a: Vec<&str> = args.iter().map(String::as_str).collect();
         Proc::start(&a, &[]).unwrap_or_else(|e| panic!("node {n}: {e}"))
@@ -312,6 +339,12 @@ impl Writer {
     /// The longest append since the last call, and starts over.
     pub fn take_longest(&self) -> Duration {
         std::mem::take(&mut *self.longest.lock().unwrap())
+    }
+
+    /// The longest append since the last [`Writer::take_longest`], read
+    /// after the writer stopped (an append stalled at the stop counts).
+    pub fn longest_handle(&self) -> Arc<Mutex<Duration>> {
+        self.longest.clone()
     }
 
     pub fn acked_count(&self) -> usize {

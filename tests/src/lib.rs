@@ -5,6 +5,7 @@
 //! `scripts/test` does), or `$STELE_BIN`.
 
 pub mod cell;
+pub mod compose;
 pub mod controlled;
 
 use std::io::{BufRead, BufReader};
@@ -181,7 +182,11 @@ pub fn make_certs(dir: &Path, nodes: usize) {
 /// free on 127.0.0.1 (the layout `stele dev --nodes n` uses).
 pub fn free_port_base(n: u16) -> u16 {
     use std::net::{TcpListener, UdpSocket};
-    for attempt in 0..500u32 {
+    // Calls in one process (tests of one binary run in parallel threads)
+    // start at different attempts, so they never pick the same slot.
+    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let first = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) * 7;
+    for attempt in first..first + 500 {
         // Below the kernel's ephemeral range (32768 and up by default), so
         // outgoing connections of other tests never take a port we pick;
         // in 16-port slots picked by a hash of the pid, so tests running at
@@ -220,6 +225,14 @@ pub fn bucket_segment_bytes(bucket: &Path) -> u64 {
         .filter(|p| p.extension().is_some_and(|e| e == "seg"))
         .map(|p| std::fs::metadata(p).unwrap().len())
         .sum()
+}
+
+/// How many segment objects a `file://` bucket holds.
+pub fn bucket_segment_count(bucket: &Path) -> u64 {
+    walk(bucket)
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .count() as u64
 }
 
 /// A unique value `v<i>-` followed by `len` random alphanumerics: hardly

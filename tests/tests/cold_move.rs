@@ -34,6 +34,11 @@ async fn a_moved_replica_reads_sealed_segments_from_the_bucket() {
     ]
     .map(String::from)
     .to_vec();
+    // Each replica seals its own segments and only the leader uploads
+    // them: a leader moved by the balancer between the wait below and the
+    // move would send a snapshot of segments not yet in the bucket.
+    cell.controller_flags
+        .extend(["--leader-balance-ms", "0"].map(String::from));
     let (_ctl, _nodes) = cell.start(1);
     let client = Client::connect_cell(&cell.controller_endpoints(), client_options())
         .await
@@ -46,15 +51,18 @@ async fn a_moved_replica_reads_sealed_segments_from_the_bucket() {
         client.append(NS, vec![rec]).await.unwrap();
         acked.push(v);
     }
-    let tablet = cell.tablets().remove(0);
-    let id = tablet["id"].as_u64().unwrap().to_string();
-    let voters = voter_nodes(&tablet);
-    let leader = tablet["leader_node"].as_u64().unwrap();
-    let target = (1..=4u64).find(|n| !voters.contains(n)).unwrap();
-    let from = *voters.iter().find(|n| **n != leader).unwrap();
-    // Everything sealed (by age) and uploaded before the move.
+    // Everything sealed (by age) and uploaded by the tablet's current
+    // leader before the move.
     let started = Instant::now();
-    loop {
+    let (id, voters, leader) = loop {
+        let tablet = cell.tablets().remove(0);
+        let id = tablet["id"].as_u64().unwrap().to_string();
+        let voters = voter_nodes(&tablet);
+        let leader = tablet["leader_node"].as_u64().unwrap_or(0);
+        if leader == 0 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        }
         let l = cell.node_endpoint(leader as usize);
         let s = status(&l).await;
         let t = Client::connect(&l, client_options())
@@ -66,15 +74,20 @@ async fn a_moved_replica_reads_sealed_segments_from_the_bucket() {
         if t.iter().all(|t| t.memtable_bytes == 0)
             && s.segments_sealed > 0
             && s.segments_uploaded >= s.segments_sealed
+            // The counter above also counts a segment uploaded again
+            // before its first upload was applied: count the objects.
+            && stele_tests::bucket_segment_count(bucket.path()) >= s.segments_sealed
         {
-            break;
+            break (id, voters, leader);
         }
         assert!(
             started.elapsed() < Duration::from_secs(60),
             "not sealed and uploaded: {s:?}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    };
+    let target = (1..=4u64).find(|n| !voters.contains(n)).unwrap();
+    let from = *voters.iter().find(|n| **n != leader).unwrap();
     let before = status(&cell.node_endpoint(target as usize)).await;
     let moved_at = Instant::now();
     cell.json_retrying_busy(&[

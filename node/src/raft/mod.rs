@@ -242,6 +242,21 @@ pub fn restored_state(replica: u64, checkpoint: u64) -> (Vec<u8>, Vec<u8>) {
     (encode(&(Some(log_id), stored)), encode(&Some(log_id)))
 }
 
+/// The durable Raft state of a replica of a group rebuilt from the bucket
+/// with `voters` (a whole-cell restore, `tier::restore_cell`): the same on
+/// every voter, as if the group had applied a membership of `voters` at
+/// `checkpoint` and purged the log up to it; the members elect a leader
+/// among themselves, with no `initialize`.
+pub fn restored_group_state(voters: &[u64], checkpoint: u64) -> (Vec<u8>, Vec<u8>) {
+    use openraft::vote::RaftLeaderIdExt;
+    let leader = <TabletConfig as openraft::RaftTypeConfig>::LeaderId::new_committed(0, 0);
+    let log_id = LogId::new(leader, checkpoint);
+    let set: std::collections::BTreeSet<u64> = voters.iter().copied().collect();
+    let membership = openraft::Membership::new_with_defaults(vec![set], []);
+    let stored = StoredMembership::new(Some(log_id), membership);
+    (encode(&(Some(log_id), stored)), encode(&Some(log_id)))
+}
+
 /// The durable Raft state a split child starts from, the same on every
 /// replica the split creates: as if its group had applied a membership of
 /// `voters` at log index 0 and purged it. So the group needs no

@@ -57,6 +57,30 @@ impl Replica {
         }
     }
 
+    /// If this replica leads, asks the voter that has replicated the most
+    /// of the log (caught up, or closest to it) to take over, and returns
+    /// its replica id; `None` when not leading or alone.
+    pub async fn hand_off_leadership(&self) -> Option<u64> {
+        let m = self.raft.metrics().borrow_watched().clone();
+        if m.current_leader != Some(self.replica_id) {
+            return None;
+        }
+        let matched = |v: u64| {
+            m.replication
+                .as_ref()
+                .and_then(|r| r.get(&v).cloned().flatten())
+                .map(|l| l.index())
+        };
+        let to = m
+            .membership_config
+            .membership()
+            .voter_ids()
+            .filter(|v| *v != self.replica_id)
+            .max_by_key(|v| matched(*v))?;
+        self.raft.trigger().transfer_leader(to).await.ok()?;
+        Some(to)
+    }
+
     pub fn is_leader(&self) -> bool {
         self.leader() == Some(self.replica_id)
     }

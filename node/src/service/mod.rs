@@ -693,6 +693,7 @@ impl Data for DataService {
             peer_rejected_frames: ts.as_ref().map_or(0, |t| t.rejected_frames),
             peer_connections_refused: ts.as_ref().map_or(0, |t| t.connections_refused),
             peer_messages_filtered: self.node.options.peer_filter.filtered(),
+            bad_peer_endpoints: self.node.endpoints.bad_peer_endpoints(),
             peer_control_messages: ts.as_ref().map_or(0, |t| t.control_messages),
             peer_control_batches: ts.as_ref().map_or(0, |t| t.control_batches),
             heartbeat_rounds: self

@@ -24,6 +24,7 @@ pub mod evict;
 pub mod keys;
 pub mod manifest;
 pub mod restore;
+pub mod restore_cell;
 pub mod retention;
 pub mod stub;
 pub mod upload;

@@ -28,7 +28,7 @@ pub struct Report {
 }
 
 /// Tablet ids with objects under the cell.
-async fn tablet_ids(tier: &Tier) -> Result<Vec<u64>> {
+pub(crate) async fn tablet_ids(tier: &Tier) -> Result<Vec<u64>> {
     let dir = tier
         .prefix
         .clone()
@@ -249,7 +249,7 @@ fn gaps(manifests: &[Manifest]) -> Vec<(u32, u64)> {
 }
 
 /// Downloads one segment, checks it completely and publishes it durably.
-async fn fetch_segment(
+pub(crate) async fn fetch_segment(
     tier: &Tier,
     tablet: u64,
     seg: &crate::catalog::SegmentRef,

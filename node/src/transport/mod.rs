@@ -43,6 +43,7 @@ mod error;
 mod frame;
 mod lane;
 mod peer;
+mod resolve;
 mod tls;
 
 #[cfg(test)]
@@ -65,11 +66,13 @@ use tokio_util::task::TaskTracker;
 
 pub use error::{Error, IdentityError, RemoteError, Result, StreamError};
 pub use frame::{FrameError, FrameKind, HEADER_BYTES, Header};
+pub use resolve::{Resolve, ResolveFuture, SystemResolver};
 pub use tls::ALPN;
 
 use crate::certs::{NodeIdentity, node_dns_name};
 use conn::{ReadFail, decode_remote_error, encode_remote_error, read_frame, write_frame};
 use peer::{Link, Peer};
+use stele_proto::addr::HostPort;
 
 /// Connection close codes (application error codes of QUIC CONNECTION_CLOSE).
 const CLOSE_SHUTDOWN: VarInt = VarInt::from_u32(0);
@@ -134,6 +137,8 @@ pub struct TransportOptions {
     pub streams_max: u32,
     pub reconnect_backoff_min: Duration,
     pub reconnect_backoff_max: Duration,
+    /// Looks up a peer's `HOST:PORT` on every dial.
+    pub resolver: Arc<dyn Resolve>,
 }
 
 impl TransportOptions {
@@ -153,6 +158,7 @@ impl TransportOptions {
             streams_max: 1024,
             reconnect_backoff_min: Duration::from_millis(50),
             reconnect_backoff_max: Duration::from_secs(2),
+            resolver: Arc::new(SystemResolver),
         }
     }
 
@@ -259,6 +265,7 @@ struct Inner {
     endpoint: quinn::Endpoint,
     client_config: quinn::ClientConfig,
     handler: Arc<dyn Handler>,
+    resolver: Arc<dyn Resolve>,
     peers: Mutex<HashMap<u64, Arc<Peer>>>,
     /// Every connection past hello and not yet closed: stable id -> peer.
     live: Mutex<HashMap<usize, u64>>,
@@ -306,6 +313,7 @@ impl Transport {
             endpoint,
             client_config,
             handler,
+            resolver: opts.resolver,
             peers: Mutex::new(HashMap::new()),
             live: Mutex::new(HashMap::new()),
             stats: Counters::default(),
@@ -328,11 +336,11 @@ impl Transport {
     }
 
     /// Sets or changes where `node_id` listens. A live connection is kept;
-    /// the address is used for the next dial.
-    pub fn set_peer(&self, node_id: u64, addr: SocketAddr) {
+    /// the address (a name: looked up anew) is used for the next dial.
+    pub fn set_peer(&self, node_id: u64, addr: impl Into<HostPort>) {
         let peer = self.inner.peer_entry(node_id);
         let mut st = peer.state.lock().unwrap();
-        st.addr = Some(addr);
+        st.addr = Some(addr.into());
         // A new address deserves an immediate try.
         st.next_dial_at = None;
     }
@@ -455,7 +463,8 @@ impl Inner {
         }
         let addr = {
             let mut st = peer.state.lock().unwrap();
-            let addr = st.addr.ok_or(Error::UnknownPeer { peer: peer_id })?;
+            let addr = st.addr.clone();
+            let addr = addr.ok_or(Error::UnknownPeer { peer: peer_id })?;
             if let Some(at) = st.next_dial_at {
                 let now = Instant::now();
                 if at > now {
@@ -469,7 +478,7 @@ impl Inner {
             addr
         };
         let result = tokio::select! {
-            r = self.dial(&peer, addr) => r,
+            r = self.dial(&peer, &addr) => r,
             _ = self.cancel.cancelled() => Err(Error::ShutDown),
         };
         let mut st = peer.state.lock().unwrap();
@@ -492,7 +501,7 @@ impl Inner {
 
     /// Handshake + hello. On `Duplicate`, waits for the peer's own
     /// connection to arrive through the accept loop and returns that.
-    async fn dial(self: &Arc<Self>, peer: &Arc<Peer>, addr: SocketAddr) -> Result<Link> {
+    async fn dial(self: &Arc<Self>, peer: &Arc<Peer>, name: &HostPort) -> Result<Link> {
         let peer_id = peer.id;
         let fail = |reason: String| Error::Connect {
             peer: peer_id,
@@ -500,6 +509,8 @@ impl Inner {
         };
         let deadline = Instant::now() + self.limits.connect_timeout;
         let hello = async {
+            let addr = resolve::dial_address(&*self.resolver, &self.endpoint, name).await;
+            let addr = addr.map_err(fail)?;
             let connecting = self
                 .endpoint
                 .connect_with(self.client_config.clone(), addr, &node_dns_name(peer_id))

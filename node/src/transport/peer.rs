@@ -1,7 +1,6 @@
 //! What a transport knows about one peer node, and the rule that picks one
 //! connection when both nodes dial each other at once.
 
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -53,7 +52,8 @@ impl Link {
 }
 
 pub(super) struct PeerState {
-    pub addr: Option<SocketAddr>,
+    /// Where the peer listens, resolved on each dial.
+    pub addr: Option<stele_proto::addr::HostPort>,
     pub conn: Option<Link>,
     pub dialing: bool,
     pub backoff: Duration,

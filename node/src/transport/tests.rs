@@ -978,3 +978,90 @@ async fn a_stalled_bulk_stream_does_not_block_the_control_lane() {
     answering.abort();
     t1.shutdown().await;
 }
+
+/// A resolver of a table the test edits, counting its lookups.
+#[derive(Debug, Default)]
+struct TableResolver {
+    table: Mutex<std::collections::HashMap<String, SocketAddr>>,
+    lookups: std::sync::atomic::AtomicU64,
+}
+
+impl Resolve for TableResolver {
+    fn resolve<'a>(&'a self, name: &'a HostPort) -> ResolveFuture<'a> {
+        self.lookups
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let found = self.table.lock().unwrap().get(&name.to_string()).copied();
+        Box::pin(async move {
+            found
+                .map(|a| vec![a])
+                .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no such name"))
+        })
+    }
+}
+
+/// A peer known by name is looked up on every dial: when its process
+/// moves (a new address behind the same name), the reconnect goes to the
+/// new address, with no `set_peer` in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_name_is_resolved_again_on_reconnect() {
+    let (_ca, ids) = NodeIdentity::ephemeral_cell(2).unwrap();
+    let names = Arc::new(TableResolver::default());
+    let mut o1 = options(ids[0].clone(), any_port());
+    o1.resolver = names.clone();
+    let (t1, _) = bind(o1, 10);
+    let name: HostPort = "node2.test:7550".parse().unwrap();
+    t1.set_peer(2, name.clone());
+    // Not resolvable yet: the dial fails naming the lookup.
+    match t1.call(2, control(1, 2, b"x")).await {
+        Err(Error::Connect { peer: 2, reason }) => {
+            assert!(reason.contains("resolve node2.test:7550"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let (t2a, _) = bind(options(ids[1].clone(), any_port()), 10);
+    let at_a = t2a.local_addr().unwrap();
+    names.table.lock().unwrap().insert(name.to_string(), at_a);
+    let started = std::time::Instant::now();
+    let answer = loop {
+        match t1.call(2, control(1, 2, b"a")).await {
+            Ok(a) => break a,
+            Err(e) if started.elapsed() < Duration::from_secs(10) => {
+                tracing::debug!(error = %e, "retry");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(answer, "a");
+    assert_eq!(t2a.stats().connections_accepted, 1);
+    // Node 2 moves: the old process goes, a new one listens elsewhere and
+    // the name now points there.
+    t2a.shutdown().await;
+    let (t2b, _) = bind(options(ids[1].clone(), any_port()), 10);
+    let at_b = t2b.local_addr().unwrap();
+    assert_ne!(at_a, at_b);
+    names.table.lock().unwrap().insert(name.to_string(), at_b);
+    let lookups_before = names.lookups.load(std::sync::atomic::Ordering::Relaxed);
+    let started = std::time::Instant::now();
+    loop {
+        match t1.call(2, control(1, 2, b"b")).await {
+            Ok(answer) => {
+                assert_eq!(answer, "b");
+                break;
+            }
+            Err(e) => assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "never reached the new address: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        t2b.stats().connections_accepted,
+        1,
+        "the new process answered"
+    );
+    assert!(names.lookups.load(std::sync::atomic::Ordering::Relaxed) > lookups_before);
+    t1.shutdown().await;
+    t2b.shutdown().await;
+}

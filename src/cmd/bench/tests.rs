@@ -44,6 +44,9 @@ fn bench_json_has_exactly_the_documented_fields() {
         record_bytes: 1,
         batch_records: 1,
         duration_s: 1.0,
+        max_stall_ms: 1.0,
+        interrupted: false,
+        verify: None,
     };
     let v = serde_json::to_value(&report).unwrap();
     let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
@@ -63,9 +66,35 @@ fn bench_json_has_exactly_the_documented_fields() {
         "record_bytes",
         "batch_records",
         "duration_s",
+        "max_stall_ms",
+        "interrupted",
     ];
     want.sort();
     assert_eq!(keys, want);
+    let verified = BenchReport {
+        verify: Some(verify::VerifyReport::default()),
+        ..report
+    };
+    let v = serde_json::to_value(&verified).unwrap();
+    let mut keys: Vec<&str> = v["verify"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "acked",
+            "duplicated",
+            "duplicated_examples",
+            "found_once",
+            "lost",
+            "lost_examples",
+            "unacked_found"
+        ]
+    );
 }
 
 fn bench_args(endpoint: &str) -> BenchArgs {
@@ -78,6 +107,8 @@ fn bench_args(endpoint: &str) -> BenchArgs {
         namespaces: 3,
         json: true,
         fsync_probe: None,
+        verify: false,
+        retry_budget: None,
     }
 }
 
@@ -146,4 +177,43 @@ async fn bench_rides_out_transient_failures() {
         .unwrap();
     assert_eq!(report.errors, 0, "retried by the client");
     assert_eq!(report.records_acked, node.lock().rows.len() as u64);
+}
+
+/// `--verify` against the fake node: every acknowledged record is found
+/// once (lost and duplicated ones are counted by `verify::tally`'s tests).
+#[tokio::test]
+async fn verify_reads_back_every_acknowledged_record() {
+    let node = FakeNode::one_tablet();
+    let endpoint = node.serve().await.unwrap();
+    let mut args = bench_args(&endpoint);
+    args.verify = true;
+    let report = bench(&args, Duration::from_millis(200)).await.unwrap();
+    let v = report.verify.clone().expect("verified");
+    assert!(v.ok(), "{v:?}");
+    assert_eq!(v.acked, report.records_acked);
+    assert_eq!(v.found_once, report.records_acked);
+    assert!(report.max_stall_ms < 200.0 + 1000.0, "{report:?}");
+    assert!(!report.interrupted);
+}
+
+/// A cancelled stop token ends the load early, and the report says so.
+#[tokio::test]
+async fn a_stop_ends_the_load_early_and_still_verifies() {
+    let node = FakeNode::one_tablet();
+    let endpoint = node.serve().await.unwrap();
+    let mut args = bench_args(&endpoint);
+    args.verify = true;
+    let stop = CancellationToken::new();
+    let stopper = stop.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        stopper.cancel();
+    });
+    let started = std::time::Instant::now();
+    let report = bench_until(&args, Duration::from_secs(60), stop)
+        .await
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert!(report.interrupted);
+    assert!(report.verify.unwrap().ok());
 }
