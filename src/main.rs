@@ -21,7 +21,7 @@ use clap::Subcommand;
 #[derive(clap::Parser)]
 #[command(
     name = "stele",
-    version,
+    version = VERSION,
     about = "Stele: a Raft-replicated, multi-tablet storage cluster"
 )]
 struct Cli {
@@ -84,7 +84,17 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// The version this binary reports (`stele --version`, heartbeats, cell
+/// status): the crate version and the commit it was built from.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("STELE_BUILD_LABEL"),
+    ")"
+);
+
 fn run() -> anyhow::Result<()> {
+    stele_proto::formats::set_binary_version(VERSION.into());
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

@@ -19,16 +19,6 @@ use crate::state::{
     Reply, TabletRec, node_of,
 };
 
-fn node_state_name(s: NodeState) -> &'static str {
-    match s {
-        NodeState::Up => "up",
-        NodeState::Suspect => "suspect",
-        NodeState::Dead => "dead",
-        NodeState::Draining => "draining",
-        NodeState::Decommissioned => "decommissioned",
-    }
-}
-
 pub struct Api(pub(crate) Arc<Controller>);
 
 #[tonic::async_trait]
@@ -101,6 +91,7 @@ impl pb::controller_server::Controller for Api {
             return Err(refuse("node.peer_endpoint", e));
         }
         c.require_leader()?;
+        crate::formats::admit(c, &reg)?;
         c.health()
             .heartbeat(reg.id, req.replicas, Instant::now(), c.opts.split.window);
         let rec = NodeRec {
@@ -209,13 +200,14 @@ impl pb::controller_server::Controller for Api {
         let node_state = s
             .nodes
             .get(&node)
-            .map_or("up", |n| node_state_name(n.placement_state()));
+            .map_or("up", |n| n.placement_state().name());
         Ok(Response::new(pb::HeartbeatResponse {
             node_state: node_state.into(),
             assignments,
             retire,
             peers,
             lease_ms: c.opts.lease.as_millis() as u64,
+            formats: stele_proto::formats::to_pb(&s.formats),
         }))
     }
 
@@ -302,6 +294,9 @@ impl pb::controller_server::Controller for Api {
                 .map(|(id, endpoint)| pb::ControllerPeer { id, endpoint })
                 .collect(),
             tablets_unplaced: s.tablets.values().filter(|t| t.voters.is_empty()).count() as u64,
+            controller_version: stele_proto::formats::binary_version().into(),
+            controller_formats: stele_proto::formats::supported_pb(),
+            formats: stele_proto::formats::to_pb(&s.formats),
         }))
     }
 
@@ -316,6 +311,7 @@ impl pb::controller_server::Controller for Api {
         let leaders = c.leaders();
         let states = c.placement_nodes(&s, now);
         let seen = c.health().seen.clone();
+        let builds = c.health().builds.clone();
         let nodes = s
             .nodes
             .values()
@@ -334,7 +330,7 @@ impl pb::controller_server::Controller for Api {
                     zone: n.zone.clone(),
                     rack: n.rack.clone(),
                     capacity: n.capacity,
-                    state: node_state_name(state).into(),
+                    state: state.name().into(),
                     replicas: s
                         .tablets
                         .values()
@@ -347,6 +343,8 @@ impl pb::controller_server::Controller for Api {
                     heartbeat_age_ms: seen
                         .get(&n.id)
                         .map_or(0, |t| now.duration_since(*t).as_millis() as u64),
+                    version: builds.get(&n.id).map(|b| b.version.clone()).unwrap_or_default(),
+                    formats: builds.get(&n.id).map(|b| b.formats.clone()).unwrap_or_default(),
                 }
             })
             .collect();
@@ -505,6 +503,14 @@ impl pb::controller_server::Controller for Api {
             })
             .await?;
         intent_reply(c, reply)
+    }
+
+    async fn enable_format(
+        &self,
+        request: Request<pb::EnableFormatRequest>,
+    ) -> Result<Response<pb::EnableFormatResponse>, Status> {
+        let req = request.into_inner();
+        crate::formats::enable(&self.0, req).await.map(Response::new)
     }
 
     async fn restart_safe(

@@ -38,6 +38,17 @@ pub struct HealthView {
     /// Nodes being restarted (`RestartSafe`): leader balancing gives them
     /// no leadership until the instant.
     pub leader_holds: HashMap<u64, Instant>,
+    /// Each node's binary version and the newest version of each gated
+    /// format it reads and writes, from its latest heartbeat.
+    pub builds: HashMap<u64, Build>,
+}
+
+/// What a member runs: its binary version and the newest version of each
+/// gated format it reads and writes (empty from binaries before the gate).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Build {
+    pub version: String,
+    pub formats: Vec<pb::FormatVersion>,
 }
 
 /// Something the scheduler learnt during a pass, for the leader's soft

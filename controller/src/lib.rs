@@ -21,6 +21,7 @@ pub mod autosplit;
 pub mod backup;
 mod driver;
 pub mod error;
+pub mod formats;
 pub mod health;
 pub mod placement;
 pub mod restart;

@@ -80,6 +80,19 @@ pub enum NodeState {
 }
 
 impl NodeState {
+    /// As operators see it (`stele node list`).
+    pub fn name(self) -> &'static str {
+        match self {
+            NodeState::Up => "up",
+            NodeState::Suspect => "suspect",
+            NodeState::Dead => "dead",
+            NodeState::Draining => "draining",
+            NodeState::Decommissioned => "decommissioned",
+        }
+    }
+}
+
+impl NodeState {
     /// Whether the node still shapes the cell's failure domains.
     pub fn is_member(self) -> bool {
         self != NodeState::Decommissioned

@@ -201,6 +201,12 @@ pub struct CellState {
     /// splits: then one past the largest).
     #[serde(default)]
     pub next_tablet: u64,
+    /// Gated formats turned up from version 1 (`stele cell formats
+    /// enable`), by name. Absent from states until the first is enabled,
+    /// so a cell that never enables one writes the bytes older
+    /// controllers wrote.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub formats: BTreeMap<String, u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -280,6 +286,13 @@ pub enum Command {
     Retired {
         node: u64,
         replica: ReplicaRec,
+    },
+    /// The cell uses version `version` of gated format `name` from now on
+    /// (never lower than before). The controller checked that every member
+    /// reads and writes it before proposing this.
+    EnableFormat {
+        name: String,
+        version: u32,
     },
 }
 
@@ -472,8 +485,28 @@ impl CellState {
             .copied()
     }
 
+    /// The version of gated format `name` the cell uses.
+    pub fn format(&self, name: &str) -> u32 {
+        self.formats
+            .get(name)
+            .copied()
+            .unwrap_or(stele_proto::formats::BASELINE)
+    }
+
     pub fn apply(&mut self, cmd: Command) -> Reply {
         match cmd {
+            Command::EnableFormat { name, version } => {
+                let current = self.format(&name);
+                if version < current {
+                    return Reply::Refused(format!(
+                        "the cell uses {name} format {current}; a format never goes back (asked {version})"
+                    ));
+                }
+                if version > current {
+                    self.formats.insert(name, version);
+                }
+                Reply::Ok
+            }
             Command::Init(cfg) => {
                 if let Some(existing) = &self.cell {
                     return if *existing == cfg {

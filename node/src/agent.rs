@@ -172,6 +172,8 @@ impl Agent {
                 zone: self.opts.zone.clone(),
                 rack: self.opts.rack.clone(),
                 capacity: self.opts.capacity,
+                version: stele_proto::formats::binary_version().into(),
+                formats: stele_proto::formats::supported_pb(),
             }),
             replicas,
         }
@@ -179,6 +181,10 @@ impl Agent {
 
     async fn apply(&self, r: pb::HeartbeatResponse) {
         let me = self.replicas.node_id();
+        let segment = stele_proto::formats::version_of(&r.formats, stele_proto::formats::SEGMENT);
+        if let Err(e) = self.replicas.set_segment_format(segment) {
+            tracing::error!(error = %e, "the cell's segment format is one this build cannot write");
+        }
         if let Some(set) = &self.set_peer {
             let mut known = self.known_peers.lock().expect("lock poisoned");
             let (new, bad) = peer_changes(me, &r.peers, &known);

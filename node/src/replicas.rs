@@ -16,6 +16,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
@@ -87,6 +88,10 @@ struct Inner {
     slots: RwLock<BTreeMap<u64, Slot>>,
     /// Serializes replica creation and removal.
     lifecycle: tokio::sync::Mutex<()>,
+    /// The segment format version the cell has enabled (the controller's
+    /// heartbeat answer sets it): what this node's leaders put in the
+    /// seals and compactions they propose.
+    segment_format: std::sync::atomic::AtomicU32,
 }
 
 /// The node's replicas (cheap to clone: a handle).
@@ -111,7 +116,34 @@ impl ReplicaSet {
             cancel,
             slots: Default::default(),
             lifecycle: Default::default(),
+            segment_format: crate::segment::format::FORMAT_VERSION_MIN.into(),
         }))
+    }
+
+    /// The segment format version seals proposed here write.
+    pub fn segment_format(&self) -> u32 {
+        self.0.segment_format.load(Ordering::Relaxed)
+    }
+
+    /// Sets the cell's enabled segment format version; a version this
+    /// build cannot write is refused (the controller refuses this node's
+    /// heartbeats in that case, so it does not happen in a working cell).
+    pub fn set_segment_format(&self, version: u32) -> Result<()> {
+        use crate::segment::format::{FORMAT_VERSION_MAX, FORMAT_VERSION_MIN};
+        if !(FORMAT_VERSION_MIN..=FORMAT_VERSION_MAX).contains(&version) {
+            return Err(stele_proto::Error::InvalidArgument {
+                field: "segment format".into(),
+                reason: format!(
+                    "{version} is not one this build writes ({FORMAT_VERSION_MIN}..={FORMAT_VERSION_MAX})"
+                ),
+            }
+            .into());
+        }
+        let old = self.0.segment_format.swap(version, Ordering::Relaxed);
+        if old != version {
+            tracing::info!(from = old, to = version, "segment format of new seals changed");
+        }
+        Ok(())
     }
 
     pub fn node_id(&self) -> u64 {
@@ -426,12 +458,15 @@ impl ReplicaSet {
 
     /// Proposes a seal of one tablet (operator or policy).
     pub async fn seal(&self, tablet: u64, reason: SealReason) -> Result<()> {
-        self.propose(tablet, TabletCommand::Seal { reason }).await
+        let format = self.segment_format();
+        self.propose(tablet, TabletCommand::Seal { reason, format })
+            .await
     }
 
     /// Proposes a compaction of `inputs` (segment ids of `tablet`).
     pub async fn compact(&self, tablet: u64, inputs: Vec<String>) -> Result<()> {
-        self.propose(tablet, TabletCommand::Compact { inputs })
+        let format = self.segment_format();
+        self.propose(tablet, TabletCommand::Compact { inputs, format })
             .await
     }
 

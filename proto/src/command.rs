@@ -85,9 +85,14 @@ pub enum TabletCommand {
     Append(AppendBatch),
     /// Seals every memtable row applied before this entry into one segment.
     /// Every replica seals at the same log index, so every replica builds the
-    /// same segment bytes.
+    /// same segment bytes. `format` is the segment format version to write
+    /// (0, as in entries of builds before formats were gated: version 1):
+    /// the leader takes it from the cell's enabled formats, so replicas on
+    /// mixed binaries never disagree on a segment's bytes.
     Seal {
         reason: SealReason,
+        #[serde(default)]
+        format: u32,
     },
     /// The leader uploaded sealed segment `segment` to the cold tier and
     /// verified it: every replica records the cold copy in its catalog.
@@ -151,9 +156,12 @@ pub enum TabletCommand {
     /// into one segment of their rows in the tablet's range, in their
     /// place. Every replica resolves the inputs at the same point (after
     /// every earlier seal), so all of them compact, or none (an input
-    /// missing, shared or of another origin: the seal alone).
+    /// missing, shared or of another origin: the seal alone). `format` as
+    /// in `Seal`, for both segments.
     Compact {
         inputs: Vec<String>,
+        #[serde(default)]
+        format: u32,
     },
 }
 
@@ -190,13 +198,19 @@ impl std::fmt::Display for TabletCommand {
                 b.batch_id[0],
                 b.batch_id[1]
             ),
-            TabletCommand::Seal { reason } => write!(f, "Seal({reason:?})"),
+            TabletCommand::Seal { reason, format } => {
+                write!(f, "Seal({reason:?}, segment format {format})")
+            }
             TabletCommand::Uploaded { segment, .. } => write!(f, "Uploaded({segment})"),
             TabletCommand::DropSegment { segment } => write!(f, "DropSegment({segment})"),
             TabletCommand::Split { at, child, .. } => write!(f, "Split(at {at}, child {child})"),
             TabletCommand::Freeze { generation } => write!(f, "Freeze(generation {generation})"),
             TabletCommand::Unfreeze => write!(f, "Unfreeze"),
-            TabletCommand::Compact { inputs } => write!(f, "Compact({} segments)", inputs.len()),
+            TabletCommand::Compact { inputs, format } => write!(
+                f,
+                "Compact({} segments, segment format {format})",
+                inputs.len()
+            ),
             TabletCommand::Merge {
                 absorbed, lo, hi, ..
             } => write!(f, "Merge(absorbed {absorbed} [{lo}, {hi}))"),

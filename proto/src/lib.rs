@@ -7,6 +7,7 @@
 pub mod addr;
 pub mod command;
 pub mod error;
+pub mod formats;
 pub mod limits;
 pub mod vshard;
 

@@ -34,6 +34,14 @@ pub enum CellCommand {
         #[arg(long)]
         local: bool,
     },
+    /// The gated formats the cell uses and what each member runs; with
+    /// `enable`, turn a newer format on (the end of a rolling upgrade).
+    Formats {
+        #[command(subcommand)]
+        command: Option<super::formats::FormatsCommand>,
+        #[command(flatten)]
+        target: Target,
+    },
     /// Cells as the global directory knows them.
     #[command(flatten)]
     Registry(super::registry::CellRegistryCommand),
@@ -42,6 +50,10 @@ pub enum CellCommand {
 pub async fn run(cmd: CellCommand) -> anyhow::Result<()> {
     match cmd {
         CellCommand::Registry(c) => super::registry::run(c).await,
+        CellCommand::Formats { command, target } => match command {
+            Some(c) => super::formats::run(c).await,
+            None => super::formats::show(&target).await,
+        },
         CellCommand::Init {
             target,
             tablets,
@@ -135,6 +147,8 @@ pub async fn run(cmd: CellCommand) -> anyhow::Result<()> {
                         "under_replicated": s.under_replicated,
                         "intents_open": s.intents_open,
                         "route_generation": s.route_generation,
+                        "controller_version": s.controller_version,
+                        "formats": s.formats.iter().map(|f| json!({"name": f.name, "version": f.version})).collect::<Vec<_>>(),
                         "controllers": s.controllers.iter().map(|c| json!({"id": c.id, "endpoint": c.endpoint})).collect::<Vec<_>>(),
                     })
                 );
@@ -153,6 +167,12 @@ pub async fn run(cmd: CellCommand) -> anyhow::Result<()> {
                 );
                 println!("intents     {} open", s.intents_open);
                 println!("routes      generation {}", s.route_generation);
+                println!(
+                    "formats     {} (this controller: {}, {})",
+                    stele_proto::formats::describe(&s.formats).replace("none reported (version 1 of each)", "version 1 of each"),
+                    s.controller_version,
+                    stele_proto::formats::describe(&s.controller_formats)
+                );
             }
             Ok(())
         }

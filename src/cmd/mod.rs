@@ -19,6 +19,7 @@ pub mod client;
 pub mod config;
 pub mod controllers;
 pub mod dev;
+pub mod formats;
 pub mod directory;
 pub mod health;
 pub mod intent;

@@ -61,6 +61,8 @@ fn node_json(n: &pb::NodeInfo) -> serde_json::Value {
         "capacity": n.capacity, "replicas": n.replicas, "leaders": n.leaders,
         "client_endpoint": n.client_endpoint, "peer_endpoint": n.peer_endpoint,
         "heartbeat_age_ms": n.heartbeat_age_ms,
+        "version": n.version,
+        "formats": n.formats.iter().map(|f| json!({"name": f.name, "version": f.version})).collect::<Vec<_>>(),
     })
 }
 
@@ -120,12 +122,12 @@ pub async fn run(cmd: NodeCommand) -> anyhow::Result<()> {
                 );
             } else {
                 println!(
-                    "{:>5}  {:<14} {:<8} {:<8} {:>8} {:>8} {:>9}  endpoint",
-                    "node", "state", "zone", "rack", "replicas", "leaders", "hb age ms"
+                    "{:>5}  {:<14} {:<8} {:<8} {:>8} {:>8} {:>9}  {:<22} endpoint",
+                    "node", "state", "zone", "rack", "replicas", "leaders", "hb age ms", "version"
                 );
                 for n in &nodes {
                     println!(
-                        "{:>5}  {:<14} {:<8} {:<8} {:>8} {:>8} {:>9}  {}",
+                        "{:>5}  {:<14} {:<8} {:<8} {:>8} {:>8} {:>9}  {:<22} {}",
                         n.id,
                         n.state,
                         n.zone,
@@ -133,6 +135,7 @@ pub async fn run(cmd: NodeCommand) -> anyhow::Result<()> {
                         n.replicas,
                         n.leaders,
                         n.heartbeat_age_ms,
+                        if n.version.is_empty() { "?" } else { &n.version },
                         n.client_endpoint
                     );
                 }

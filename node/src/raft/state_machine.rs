@@ -406,6 +406,8 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
                 split: None,
                 merge: None,
                 compact: None,
+                // Only this replica seals here: the format every binary reads.
+                format: crate::segment::format::FORMAT_VERSION_MIN,
             });
             crate::tablet::seal::publish_front(tablet, &mut data, &old_receipts).map_err(io_err)?;
         } else {

@@ -18,8 +18,14 @@ use serde_bytes::ByteBuf;
 pub const MAGIC: [u8; 8] = *b"STELESEG";
 /// Trailing magic, the last 8 bytes of every complete segment file.
 pub const TRAILER_MAGIC: [u8; 8] = *b"STELEEND";
-/// The only format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The oldest format version this build reads and writes.
+pub const FORMAT_VERSION_MIN: u32 = 1;
+/// The newest format version this build reads and writes. Version 2 is
+/// version 1 with blocks compressed at zstd level 3 instead of 1 (smaller
+/// segments, locally and in the bucket). Which version a seal writes is
+/// decided by the cell (`stele cell formats enable segment 2`) and carried
+/// in the seal's Raft entry, so every replica writes the same bytes.
+pub const FORMAT_VERSION_MAX: u32 = stele_proto::formats::SEGMENT_MAX;
 /// Version of the row layout inside blocks (`HeaderV1::row_schema`) that
 /// this build writes. Schema 2 adds each row's vshard; schema 1 files are
 /// still read (their rows' vshards are recomputed from the record key).
@@ -38,8 +44,11 @@ pub const PROLOGUE_CRC_COVERED: usize = PROLOGUE_HEADER_CRC_OFFSET;
 
 // Block: crc32c of the compressed bytes, then the zstd frame.
 pub const BLOCK_CRC_LEN: usize = 4;
-/// zstd level: fixed, because the bytes (and so the id) must agree across replicas.
-pub const ZSTD_LEVEL: i32 = 1;
+/// zstd level of a format version: fixed per version, because the bytes
+/// (and so the id) must agree across replicas.
+pub const fn zstd_level(version: u32) -> i32 {
+    if version >= 2 { 3 } else { 1 }
+}
 
 // Trailer, at `file_len - TRAILER_LEN`.
 pub const TRAILER_FOOTER_OFFSET_OFFSET: usize = 0;

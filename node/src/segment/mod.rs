@@ -101,6 +101,9 @@ pub struct WriteOptions {
     pub block_bytes_target: usize,
     /// Largest value accepted (default 1 MiB, at most 16 MiB).
     pub value_bytes_max: usize,
+    /// Format version to write (`format::FORMAT_VERSION_MIN..=MAX`; default
+    /// 1). A seal takes it from its Raft entry, never from local settings.
+    pub format: u32,
 }
 
 impl Default for WriteOptions {
@@ -108,6 +111,7 @@ impl Default for WriteOptions {
         Self {
             block_bytes_target: format::BLOCK_BYTES_TARGET_DEFAULT,
             value_bytes_max: format::VALUE_BYTES_DEFAULT_MAX,
+            format: format::FORMAT_VERSION_MIN,
         }
     }
 }
@@ -127,6 +131,14 @@ impl WriteOptions {
                 "value_bytes_max {} exceeds {}",
                 self.value_bytes_max,
                 format::VALUE_BYTES_HARD_MAX
+            )));
+        }
+        if !(format::FORMAT_VERSION_MIN..=format::FORMAT_VERSION_MAX).contains(&self.format) {
+            return Err(Error::Invalid(format!(
+                "segment format {} not in {}..={}",
+                self.format,
+                format::FORMAT_VERSION_MIN,
+                format::FORMAT_VERSION_MAX
             )));
         }
         Ok(())

@@ -459,11 +459,11 @@ impl SegmentReader {
         let prologue = fixed::array::<PROLOGUE_LEN>(&prologue, 0)
             .map_err(|e| corrupt(0, format!("prologue: {e}")))?;
         let version = fixed::u32_le_in::<PROLOGUE_VERSION_OFFSET, PROLOGUE_LEN>(prologue);
-        if version != FORMAT_VERSION {
+        if !(FORMAT_VERSION_MIN..=FORMAT_VERSION_MAX).contains(&version) {
             return Err(Error::UnknownVersion {
                 file: path.to_owned(),
                 version,
-                supported: FORMAT_VERSION,
+                supported: FORMAT_VERSION_MAX,
             });
         }
         let header_len =

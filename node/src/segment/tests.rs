@@ -326,11 +326,11 @@ fn bad_magic_and_unknown_version_are_typed() {
 
     let mut bytes = good;
     bytes[PROLOGUE_VERSION_OFFSET..PROLOGUE_VERSION_OFFSET + 4]
-        .copy_from_slice(&2u32.to_le_bytes());
+        .copy_from_slice(&9u32.to_le_bytes());
     fs::write(&path, &bytes).unwrap();
     match SegmentReader::open(&path) {
         Err(Error::UnknownVersion {
-            file, version: 2, ..
+            file, version: 9, ..
         }) => assert_eq!(file, path),
         other => panic!("expected UnknownVersion, got {other:?}"),
     }
@@ -500,7 +500,7 @@ proptest! {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("garbage.seg");
         let mut bytes = MAGIC.to_vec();
-        bytes.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        bytes.extend_from_slice(&FORMAT_VERSION_MIN.to_le_bytes());
         bytes.extend_from_slice(&tail);
         fs::write(&path, &bytes).unwrap();
         prop_assert!(SegmentReader::open(&path).is_err());
@@ -610,10 +610,25 @@ fn golden_opts() -> WriteOptions {
     }
 }
 
-/// Wrote `segment_v2.seg` (row schema 2) once with
+/// Format version 2 (zstd level 3), same rows and header as the others.
+fn golden_format2_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/segment_format2.seg")
+}
+
+const GOLDEN_FORMAT2_ID: &str = "547db36fdecc36f2ffe8f74d14f69013";
+
+fn golden_format2_opts() -> WriteOptions {
+    WriteOptions {
+        format: 2,
+        ..golden_opts()
+    }
+}
+
+/// Wrote `segment_format2.seg` (format version 2) once with
 /// `STELE_WRITE_GOLDEN=1 cargo test -p stele-node segment::tests::write_golden -- --ignored`;
-/// its id is `GOLDEN_V2_ID`. Never regenerate a committed golden file: point this
-/// at a new `segment_v3.seg` for a new version instead (v1 was written by row schema 1).
+/// its id is `GOLDEN_FORMAT2_ID`. Never regenerate a committed golden file: point
+/// this at a new file for a new version instead (`segment_v1.seg` was written by
+/// row schema 1, `segment_v2.seg` by row schema 2, both format version 1).
 #[test]
 #[ignore = "a generator, not a check: STELE_WRITE_GOLDEN=1 rewrites the golden segment"]
 fn write_golden() {
@@ -624,11 +639,11 @@ fn write_golden() {
     let bytes = encode(
         &golden_header(),
         &golden_rows_with_vshards(),
-        &golden_opts(),
+        &golden_format2_opts(),
     )
     .unwrap();
-    fs::create_dir_all(golden_v2_path().parent().unwrap()).unwrap();
-    fs::write(golden_v2_path(), &bytes).unwrap();
+    fs::create_dir_all(golden_format2_path().parent().unwrap()).unwrap();
+    fs::write(golden_format2_path(), &bytes).unwrap();
     println!("golden id {}", segment_id(&bytes));
 }
 
@@ -679,6 +694,57 @@ fn golden_v2_reads_forever_with_its_vshards() {
     read.extend(seg.scan("acme/metrics", b"", 0, u64::MAX).unwrap());
     read.extend(seg.scan("zeta/evidence", b"", 0, u64::MAX).unwrap());
     assert_eq!(read, golden_rows_with_vshards());
+}
+
+/// Format 2 is read forever, and today's writer reproduces it: replicas
+/// on different builds that both write format 2 agree on its bytes.
+#[test]
+fn golden_format2_reads_forever_and_is_reproduced() {
+    let seg = SegmentReader::open(&golden_format2_path()).unwrap();
+    assert_eq!(seg.id(), GOLDEN_FORMAT2_ID);
+    assert_eq!(seg.header(), &golden_header());
+    seg.verify_all().unwrap();
+    let mut read = seg.scan("acme/logs", b"", 0, u64::MAX).unwrap();
+    read.extend(seg.scan("acme/metrics", b"", 0, u64::MAX).unwrap());
+    read.extend(seg.scan("zeta/evidence", b"", 0, u64::MAX).unwrap());
+    assert_eq!(read, golden_rows_with_vshards());
+    let bytes = encode(
+        &golden_header(),
+        &golden_rows_with_vshards(),
+        &golden_format2_opts(),
+    )
+    .unwrap();
+    assert_eq!(bytes, fs::read(golden_format2_path()).unwrap());
+    // Not the bytes of format 1: the version decides the bytes, so a seal's
+    // format must come from its entry.
+    assert_ne!(bytes, fs::read(golden_v2_path()).unwrap());
+}
+
+/// A version this build does not know is refused before anything is read,
+/// and a writer refuses to write one.
+#[test]
+fn an_unknown_format_version_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bytes = fs::read(golden_format2_path()).unwrap();
+    bytes[PROLOGUE_VERSION_OFFSET..PROLOGUE_VERSION_OFFSET + 4].copy_from_slice(&3u32.to_le_bytes());
+    let path = dir.path().join("v3.seg");
+    fs::write(&path, &bytes).unwrap();
+    match SegmentReader::open(&path) {
+        Err(Error::UnknownVersion {
+            version: 3,
+            supported: 2,
+            ..
+        }) => {}
+        other => panic!("format 3 not refused: {other:?}"),
+    }
+    let opts = WriteOptions {
+        format: 3,
+        ..golden_opts()
+    };
+    assert!(matches!(
+        encode(&golden_header(), &golden_rows_with_vshards(), &opts),
+        Err(Error::Invalid(_))
+    ));
 }
 
 /// A row whose vshard differs from its key's (a routing key) keeps it.

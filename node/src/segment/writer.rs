@@ -103,10 +103,11 @@ fn validate(
     Ok((stats, index_min, index_max))
 }
 
-fn compress(raw: &[u8]) -> Vec<u8> {
+fn compress(raw: &[u8], version: u32) -> Vec<u8> {
     // bulk::compress on an in-memory buffer only fails on allocation failure
-    // or an invalid level; level 1 is valid.
-    zstd::bulk::compress(raw, ZSTD_LEVEL).expect("zstd level 1 compression of a buffer cannot fail")
+    // or an invalid level; levels 1 and 3 are valid.
+    zstd::bulk::compress(raw, zstd_level(version))
+        .expect("zstd level 1 or 3 compression of a buffer cannot fail")
 }
 
 /// Encodes a segment. Pure and deterministic: the same header, rows and
@@ -131,7 +132,7 @@ pub fn encode(header: &SegmentHeader, rows: &[Row], opts: &WriteOptions) -> Resu
 
     let mut out = Vec::with_capacity(PROLOGUE_LEN + header_cbor.len() + rows.len() * 32);
     out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&opts.format.to_le_bytes());
     out.extend_from_slice(&(header_cbor.len() as u32).to_le_bytes());
     let header_crc =
         crc32c::crc32c_append(crc32c::crc32c(&out[..PROLOGUE_CRC_COVERED]), &header_cbor);
@@ -146,7 +147,7 @@ pub fn encode(header: &SegmentHeader, rows: &[Row], opts: &WriteOptions) -> Resu
     let mut block_start = 0;
     let mut flush = |out: &mut Vec<u8>, raw: &mut Vec<u8>, block_rows: &[Row]| {
         assert!(!block_rows.is_empty() && raw.len() <= BLOCK_UNCOMPRESSED_BYTES_MAX);
-        let frame = compress(raw);
+        let frame = compress(raw, opts.format);
         let first = &block_rows[0];
         let last = &block_rows[block_rows.len() - 1];
         blocks.push(BlockMeta {

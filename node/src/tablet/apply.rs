@@ -136,8 +136,8 @@ pub fn apply(
                 effect,
             }
         }
-        TabletCommand::Compact { inputs } => {
-            freeze(tablet, data, log_id, Change::Compact(inputs.clone()));
+        TabletCommand::Compact { inputs, format } => {
+            freeze(tablet, data, log_id, Change::Compact(inputs.clone()), *format);
             Applied::sealed(index)
         }
         TabletCommand::Freeze { generation } => {
@@ -150,7 +150,7 @@ pub fn apply(
                     generation: (*generation).max(live.generation),
                     ..live
                 };
-                freeze(tablet, data, log_id, Change::Freeze(after));
+                freeze(tablet, data, log_id, Change::Freeze(after), 0);
                 Applied::sealed(index)
             }
         }
@@ -191,8 +191,8 @@ pub fn apply(
                 })
             }
         },
-        TabletCommand::Seal { .. } => {
-            freeze(tablet, data, log_id, Change::None);
+        TabletCommand::Seal { format, .. } => {
+            freeze(tablet, data, log_id, Change::None, *format);
             Applied::sealed(index)
         }
         TabletCommand::Split {
@@ -219,7 +219,7 @@ pub fn apply(
                     generation: (*generation).max(tablet.generation()),
                     replicas: child_replicas.clone(),
                 };
-                freeze(tablet, data, log_id, Change::Split(split));
+                freeze(tablet, data, log_id, Change::Split(split), 0);
                 Applied::sealed(index)
             }
         }
@@ -343,7 +343,7 @@ fn merge(
         absorbed_replica: from.replica_id,
         absorbed_dir: from.dir,
     };
-    freeze(tablet, data, log_id, Change::Merge(m, merged));
+    freeze(tablet, data, log_id, Change::Merge(m, merged), 0);
 }
 
 pub(crate) fn apply_batch(
@@ -472,7 +472,11 @@ enum Change {
 /// Freezes the memtable at `log_id` for the seal worker (`Seal`, and the
 /// seals of `Split`, `Freeze` and `Merge`, which also move the live range).
 /// A split or merge whose earlier seal failed to publish rides on this one.
-fn freeze(tablet: &Tablet, data: &mut TabletData, log_id: LogId, change: Change) {
+/// Freezes the memtable for a seal at `log_id`, to be written in segment
+/// format `format` (from the entry; 0 is version 1). Seals of `Split`,
+/// `Freeze` and `Merge` entries write version 1: their entries carry no
+/// format.
+fn freeze(tablet: &Tablet, data: &mut TabletData, log_id: LogId, change: Change, format: u32) {
     let live = tablet.range_state();
     let (split, carried) = match &change {
         Change::Split(s) => (Some(s.clone()), false),
@@ -519,5 +523,6 @@ fn freeze(tablet: &Tablet, data: &mut TabletData, log_id: LogId, change: Change)
         split,
         merge,
         compact,
+        format: format.max(crate::segment::format::FORMAT_VERSION_MIN),
     });
 }

@@ -109,6 +109,8 @@ pub struct Frozen {
     pub merge: Option<MergeIn>,
     /// Set on the seal of a `Compact`: the segments to rewrite as one.
     pub compact: Option<Vec<String>>,
+    /// Segment format version the seal writes (from its entry).
+    pub format: u32,
 }
 
 /// A tablet's applied state.

@@ -38,6 +38,8 @@ struct Plan {
     /// earlier seal (so alike on every replica): `None` when it does not
     /// apply (an input missing, or of another origin).
     compact: Option<Vec<(SegmentRef, Arc<SegmentReader>)>>,
+    /// How the seal's segments are written: the entry's format version.
+    write: segment::WriteOptions,
 }
 
 /// What a published seal did.
@@ -94,6 +96,10 @@ fn plan(tablet: &Tablet, data: &TabletData, seal_index: u64) -> Option<Plan> {
             .compact
             .as_ref()
             .and_then(|inputs| compaction_inputs(tablet, data, inputs)),
+        write: segment::WriteOptions {
+            format: frozen.format,
+            ..segment::WriteOptions::default()
+        },
     })
 }
 
@@ -168,7 +174,7 @@ fn build_compaction(
         &tablet.segment_dir,
         &header,
         &rows,
-        &segment::WriteOptions::default(),
+        &plan.write,
     )?;
     written(tablet, info).map(Some)
 }
@@ -342,7 +348,7 @@ fn build(tablet: &Tablet, plan: &Plan) -> Result<Option<(SegmentRef, Arc<Segment
         &tablet.segment_dir,
         &plan.header,
         &plan.rows,
-        &segment::WriteOptions::default(),
+        &plan.write,
     )?;
     written(tablet, info).map(Some)
 }
