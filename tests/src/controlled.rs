@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use stele_client::Client;
 
-use crate::{Proc, free_port_base, make_certs, run};
+use crate::{Proc, free_port_base, make_certs, run, stele_bin};
 
 pub struct ControlledCell {
     pub dir: tempfile::TempDir,
@@ -30,6 +30,9 @@ pub struct ControlledCell {
     pub advertise: Option<String>,
     /// Every node's `--election-timeout-ms`.
     pub election_timeout_ms: u64,
+    /// The binary a process runs, by name (`ctl1`, `node2`), when not the
+    /// one under test: an older build in upgrade tests.
+    pub binaries: HashMap<String, PathBuf>,
 }
 
 impl ControlledCell {
@@ -52,6 +55,7 @@ impl ControlledCell {
             node_flags: Vec::new(),
             election_timeout_ms: 1500,
             advertise: None,
+            binaries: HashMap::new(),
         }
     }
 
@@ -70,6 +74,11 @@ impl ControlledCell {
             f.extend(["--peer-advertise".into(), format!("{host}:{}", port + 100)]);
         }
         f
+    }
+
+    /// The binary process `name` runs.
+    pub fn binary(&self, name: &str) -> PathBuf {
+        self.binaries.get(name).cloned().unwrap_or_else(stele_bin)
     }
 
     pub fn controller_endpoint(&self, c: usize) -> String {
@@ -117,7 +126,8 @@ impl ControlledCell {
         args.extend(self.advertise_flags(self.base + c as u16 - 1, false));
         args.extend(self.controller_flags.iter().cloned());
         let a: Vec<&str> = args.iter().map(String::as_str).collect();
-        Proc::start(&a, &[]).unwrap_or_else(|e| panic!("controller {c}: {e}"))
+        Proc::start_bin(&self.binary(&format!("ctl{c}")), &a, &[])
+            .unwrap_or_else(|e| panic!("controller {c}: {e}"))
     }
 
     pub fn start_node(&self, n: usize) -> Proc {
@@ -156,7 +166,8 @@ impl ControlledCell {
         args.extend(self.advertise_flags(self.node_port(n), true));
         args.extend(self.node_flags.iter().cloned());
         let a: Vec<&str> = args.iter().map(String::as_str).collect();
-        Proc::start(&a, &[]).unwrap_or_else(|e| panic!("node {n}: {e}"))
+        Proc::start_bin(&self.binary(&format!("node{n}")), &a, &[])
+            .unwrap_or_else(|e| panic!("node {n}: {e}"))
     }
 
     /// Starts every controller and node, creates the cell and waits until

@@ -4,6 +4,7 @@
 //! The binary is `target/<profile>/stele` of this workspace (build it first:
 //! `scripts/test` does), or `$STELE_BIN`.
 
+pub mod bench;
 pub mod cell;
 pub mod compose;
 pub mod controlled;
@@ -48,7 +49,13 @@ pub struct Proc {
 impl Proc {
     /// Starts `stele <args>` and waits for its "listening on" line.
     pub fn start(args: &[&str], envs: &[(&str, &str)]) -> Result<Proc, String> {
-        let mut cmd = Command::new(stele_bin());
+        Proc::start_bin(&stele_bin(), args, envs)
+    }
+
+    /// Like [`Proc::start`], with another binary (an older build, for
+    /// upgrade tests).
+    pub fn start_bin(bin: &Path, args: &[&str], envs: &[(&str, &str)]) -> Result<Proc, String> {
+        let mut cmd = Command::new(bin);
         cmd.args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -517,6 +517,12 @@ impl pb::controller_server::Controller for OldController {
     ) -> Result<tonic::Response<pb::RestartSafeResponse>, tonic::Status> {
         Err(tonic::Status::unimplemented("old controller"))
     }
+    async fn enable_format(
+        &self,
+        _: tonic::Request<pb::EnableFormatRequest>,
+    ) -> Result<tonic::Response<pb::EnableFormatResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("old controller"))
+    }
     async fn get_intent(
         &self,
         _: tonic::Request<pb::GetIntentRequest>,

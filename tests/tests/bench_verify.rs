@@ -10,69 +10,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use stele_tests::controlled::ControlledCell;
+use stele_tests::bench::{assert_clean, report, sigterm, start_bench};
 use stele_tests::stele_bin;
-
-/// Starts `stele bench --verify --json` against `endpoint` in the
-/// background, one record per request, `concurrency` requests in flight.
-fn start_bench(endpoint: &str, duration: &str, concurrency: usize) -> Child {
-    Command::new(stele_bin())
-        .args([
-            "bench",
-            "--verify",
-            "--json",
-            "--endpoint",
-            endpoint,
-            "--batch-records",
-            "1",
-            "--concurrency",
-            &concurrency.to_string(),
-            "--namespaces",
-            "4",
-            "--record-bytes",
-            "64",
-            "--duration",
-            duration,
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn stele bench")
-}
-
-/// Waits for a bench to finish and returns its report; the process must
-/// have exited successfully (it fails when a record is lost or duplicated).
-fn report(bench: Child) -> serde_json::Value {
-    let out = bench.wait_with_output().expect("wait for bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "bench failed ({:?}): {stdout}{stderr}",
-        out.status
-    );
-    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}{stderr}"))
-}
-
-/// Zero errors, something acknowledged, and every acknowledged record read
-/// back once.
-fn assert_clean(r: &serde_json::Value, what: &str) {
-    let acked = r["records_acked"].as_u64().unwrap();
-    assert!(
-        acked >= 50,
-        "{what}: too little traffic to mean anything: {r}"
-    );
-    assert_eq!(r["errors"], 0, "{what}: {r}");
-    let v = &r["verify"];
-    assert_eq!(v["acked"].as_u64(), Some(acked), "{what}: {r}");
-    assert_eq!(v["lost"], 0, "{what}: {r}");
-    assert_eq!(v["duplicated"], 0, "{what}: {r}");
-    assert_eq!(v["found_once"].as_u64(), Some(acked), "{what}: {r}");
-}
-
-fn sigterm(bench: &Child) {
-    stele_tests::signal(bench.id(), libc::SIGTERM);
-}
 
 /// Kills and reaps a child when dropped.
 struct Reaped(Child);
