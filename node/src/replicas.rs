@@ -405,7 +405,10 @@ impl ReplicaSet {
     /// waited for. `timeout` bounds the wait of each.
     pub async fn wait_caught_up(&self, replicas: &[Arc<Replica>], timeout: Duration) -> Result<()> {
         for r in replicas {
-            if self.replica(r.tablet.id).is_some_and(|now| Arc::ptr_eq(&now, r)) {
+            if self
+                .replica(r.tablet.id)
+                .is_some_and(|now| Arc::ptr_eq(&now, r))
+            {
                 self.wait_hosted(r, r.wait_caught_up(timeout)).await?;
             }
         }

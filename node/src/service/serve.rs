@@ -94,9 +94,11 @@ pub async fn serve_with(
             pb::data_server::DataServer::new(service).max_decoding_message_size(64 << 20),
         );
     }
+    let reporter = health_reporter.clone();
+    let all = names.clone();
     let report = move |status: ServingStatus| {
-        let reporter = health_reporter.clone();
-        let names = names.clone();
+        let reporter = reporter.clone();
+        let names = all.clone();
         async move {
             for name in names {
                 reporter.set_service_status(name, status).await;
@@ -110,6 +112,8 @@ pub async fn serve_with(
             let first = serving.borrow_and_update().clone();
             report(first.status()).await;
             let cancel = cancel.clone();
+            let mut reporter = health_reporter.clone();
+            let names = names.clone();
             tokio::spawn(async move {
                 loop {
                     tokio::select! {
@@ -120,7 +124,14 @@ pub async fn serve_with(
                                 return;
                             }
                         }
-                        _ = cancel.cancelled() => return,
+                        _ = cancel.cancelled() => {
+                            // Ends open `Watch` streams: the server's
+                            // graceful stop waits for calls in flight.
+                            for name in names {
+                                reporter.clear_service_status(name).await;
+                            }
+                            return;
+                        }
                     }
                     let now = serving.borrow_and_update().clone();
                     tracing::info!(serving = now.serving, reason = %now.reason, "gRPC health");
