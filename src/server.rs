@@ -79,10 +79,12 @@ pub async fn run_server(
     let advertised = listen.advertised(addr).http_url();
     let cancel = CancellationToken::new();
     let mut routes = tonic::service::Routes::default();
+    let mut names = Vec::new();
     let controller = match roles.controller {
         Some(co) => {
             let c = start_controller(co, &advertised).await?;
             let (api, quorum) = c.services();
+            names.push(service_name(&api));
             routes = routes.add_service(api).add_service(quorum);
             Some(c)
         }
@@ -91,6 +93,7 @@ pub async fn run_server(
     if !roles.node {
         serve_until_signal(
             routes,
+            names,
             listener,
             &format!("stele {label}: controller listening on {advertised} (bound {addr})"),
         )
@@ -116,6 +119,9 @@ pub async fn run_server(
             if ao.peer_endpoint.is_empty() {
                 ao.peer_endpoint = peer_advertised.map(|a| a.to_string()).unwrap_or_default();
             }
+            // Serves at once (the controller finds it by its client
+            // port), not ready until the replicas it has caught up.
+            crate::http::catch_up(node.clone(), CATCH_UP_LOG);
             let agent = stele_node::agent::Agent::new(node.clone(), ao, set_peer);
             Some(tokio::spawn(agent.run()))
         }
@@ -126,9 +132,12 @@ pub async fn run_server(
             None
         }
     };
+    crate::http::health().watch_node(node.clone());
     let server = tokio::spawn(stele_node::service::serve_with(
         Some(node.data_service()),
         routes,
+        names,
+        Some(crate::http::health().serving()),
         listener,
         cancel.clone(),
     ));
@@ -142,7 +151,6 @@ pub async fn run_server(
             .replayed_frames
             .load(std::sync::atomic::Ordering::Relaxed),
     );
-    crate::http::health().watch_node(node.clone());
     crate::http::health().set_ready(true);
     let mut signals = Signals::new()?;
     let mut server = server;
@@ -162,6 +170,15 @@ pub async fn run_server(
         c.shutdown().await;
     }
     Ok(())
+}
+
+/// How often a node still catching up at start says so in its log.
+const CATCH_UP_LOG: Duration = Duration::from_secs(5);
+
+/// The gRPC service name gRPC health reports `svc` under
+/// (`stele.v1.Controller`, ...).
+fn service_name<S: tonic::server::NamedService>(_: &S) -> &'static str {
+    S::NAME
 }
 
 /// Starts the controller role; it advertises this process's client port
@@ -259,11 +276,13 @@ pub async fn run_directory(
         .await
         .context("start directory")?;
     let (api, quorum) = d.services();
+    let names = vec![service_name(&api)];
     let routes = tonic::service::Routes::default()
         .add_service(api)
         .add_service(quorum);
     serve_until_signal(
         routes,
+        names,
         listener,
         &format!("stele directory: listening on {advertised} (bound {addr})"),
     )
@@ -276,6 +295,7 @@ pub async fn run_directory(
 /// after Ctrl-C or SIGTERM (or an error of the server), the server stopped.
 async fn serve_until_signal(
     routes: tonic::service::Routes,
+    names: Vec<&'static str>,
     listener: tokio::net::TcpListener,
     ready: &str,
 ) -> anyhow::Result<()> {
@@ -283,6 +303,8 @@ async fn serve_until_signal(
     let server = tokio::spawn(stele_node::service::serve_with(
         None,
         routes,
+        names,
+        Some(crate::http::health().serving()),
         listener,
         cancel.clone(),
     ));

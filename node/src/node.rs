@@ -514,6 +514,13 @@ impl Node {
         self.replicas.wait_ready(timeout).await
     }
 
+    /// Waits until each of `replicas` (those hosted at start, from
+    /// [`Node::replicas`]) has caught up with its group; see
+    /// [`ReplicaSet::wait_caught_up`].
+    pub async fn wait_caught_up(&self, replicas: &[Arc<Replica>], timeout: Duration) -> Result<()> {
+        self.replicas.wait_caught_up(replicas, timeout).await
+    }
+
     /// Proposes a seal of one tablet (operator).
     pub async fn seal(&self, tablet: u64, reason: SealReason) -> Result<()> {
         self.replicas.seal(tablet, reason).await

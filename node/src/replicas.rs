@@ -427,18 +427,43 @@ impl ReplicaSet {
     /// group shuts down, and that is not a failure to become ready.
     pub async fn wait_ready(&self, timeout: Duration) -> Result<()> {
         for r in self.replicas() {
-            if let Err(e) = r.wait_ready(timeout).await {
-                let still_hosted = self
-                    .replica(r.tablet.id)
-                    .is_some_and(|now| Arc::ptr_eq(&now, &r));
-                if still_hosted {
-                    return Err(e);
-                }
-                tracing::debug!(
-                    tablet = r.tablet.id,
-                    "replica removed while waiting for it to be ready"
-                );
+            self.wait_hosted(&r, r.wait_ready(timeout)).await?;
+        }
+        Ok(())
+    }
+
+    /// Waits until each of `replicas` (those hosted at start) has caught
+    /// up ([`Replica::wait_caught_up`]); one removed meanwhile is not
+    /// waited for. `timeout` bounds the wait of each.
+    pub async fn wait_caught_up(&self, replicas: &[Arc<Replica>], timeout: Duration) -> Result<()> {
+        for r in replicas {
+            if self
+                .replica(r.tablet.id)
+                .is_some_and(|now| Arc::ptr_eq(&now, r))
+            {
+                self.wait_hosted(r, r.wait_caught_up(timeout)).await?;
             }
+        }
+        Ok(())
+    }
+
+    /// `wait`'s error, unless `r` is no longer hosted when it fails.
+    async fn wait_hosted(
+        &self,
+        r: &Arc<Replica>,
+        wait: impl std::future::Future<Output = Result<()>>,
+    ) -> Result<()> {
+        if let Err(e) = wait.await {
+            let still_hosted = self
+                .replica(r.tablet.id)
+                .is_some_and(|now| Arc::ptr_eq(&now, r));
+            if still_hosted {
+                return Err(e);
+            }
+            tracing::debug!(
+                tablet = r.tablet.id,
+                "replica removed while waiting for it to be ready"
+            );
         }
         Ok(())
     }

@@ -131,6 +131,12 @@ impl ControlledCell {
     }
 
     pub fn start_node(&self, n: usize) -> Proc {
+        self.start_node_with(n, &[])
+    }
+
+    /// [`ControlledCell::start_node`] with `extra` flags for this node
+    /// alone (`--http-listen`, ...).
+    pub fn start_node_with(&self, n: usize, extra: &[&str]) -> Proc {
         let mut args: Vec<String> = vec![
             "server".into(),
             "--node-id".into(),
@@ -165,6 +171,7 @@ impl ControlledCell {
         ];
         args.extend(self.advertise_flags(self.node_port(n), true));
         args.extend(self.node_flags.iter().cloned());
+        args.extend(extra.iter().map(|f| f.to_string()));
         let a: Vec<&str> = args.iter().map(String::as_str).collect();
         Proc::start_bin(&self.binary(&format!("node{n}")), &a, &[])
             .unwrap_or_else(|e| panic!("node {n}: {e}"))

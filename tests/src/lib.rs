@@ -151,6 +151,36 @@ fn send_signal(pid: u32, sig: i32) {
     }
 }
 
+/// gRPC health `Check` of `service` ("" for the whole server) on
+/// `endpoint`: the status (`ServingStatus as i32`), or why there is none.
+pub async fn grpc_health(endpoint: &str, service: &str) -> Result<i32, String> {
+    health_client(endpoint)
+        .await?
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: service.into(),
+        })
+        .await
+        .map(|r| r.into_inner().status)
+        .map_err(|e| e.to_string())
+}
+
+/// A gRPC health client of `endpoint`.
+pub async fn health_client(
+    endpoint: &str,
+) -> Result<tonic_health::pb::health_client::HealthClient<tonic::transport::Channel>, String> {
+    let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())
+        .map_err(|e| format!("{endpoint}: {e}"))?
+        .connect()
+        .await
+        .map_err(|e| format!("connect {endpoint}: {e}"))?;
+    Ok(tonic_health::pb::health_client::HealthClient::new(channel))
+}
+
+/// gRPC health's SERVING and NOT_SERVING, as [`grpc_health`] returns them.
+pub const SERVING: i32 = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+pub const NOT_SERVING: i32 =
+    tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
+
 /// Runs `stele <args>` to completion and returns (success, stdout, stderr).
 pub fn run(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(stele_bin())

@@ -41,12 +41,48 @@ async fn sigterm_hands_off_leadership_with_no_client_error() {
         .expect("some node leads");
     writer.take_longest();
     let proc = nodes.remove(&(victim as usize)).unwrap();
+    // A gRPC health Watch on the node, as a load balancer keeps open.
+    let mut watch = stele_tests::health_client(&proc.endpoint)
+        .await
+        .unwrap()
+        .watch(tonic_health::pb::HealthCheckRequest {
+            service: "stele.v1.Data".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        watch.message().await.unwrap().unwrap().status,
+        stele_tests::SERVING
+    );
+    let watched = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        while let Ok(Some(m)) = watch.message().await {
+            seen.push(m.status);
+        }
+        seen
+    });
     let stopping = Instant::now();
     let mut proc = proc;
     stele_tests::signal(proc.child.id(), libc::SIGTERM);
-    let status = proc.child.wait().unwrap();
+    let status = tokio::task::block_in_place(|| proc.child.wait().unwrap());
     let took = stopping.elapsed();
     let stderr = proc.stderr_lines();
+    // Told before the server went (the stream ends with it), and the open
+    // stream did not hold the stop to its deadline.
+    let seen = tokio::time::timeout(Duration::from_secs(5), watched)
+        .await
+        .expect("the Watch stream outlived the process")
+        .unwrap();
+    assert_eq!(
+        seen,
+        vec![stele_tests::NOT_SERVING],
+        "gRPC health during the stop"
+    );
+    assert!(
+        !stderr.iter().any(|l| l.contains("calls in flight")),
+        "the stop waited for calls in flight: {stderr:?}"
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
     let failed = writer.indeterminate.lock().unwrap().len();
     // Appends still waiting for a leader finish before the check reads.

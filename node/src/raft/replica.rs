@@ -151,6 +151,45 @@ impl Replica {
             })
     }
 
+    /// Waits until this replica has caught up since the process started:
+    /// [`Replica::wait_ready`], and then, on a follower, a leader has
+    /// reached it in this process and it applied what that leader had
+    /// committed by then. (A restarted follower remembers the leader of its
+    /// last term, so a known leader alone says nothing.)
+    pub async fn wait_caught_up(&self, timeout: Duration) -> crate::Result<()> {
+        let until = tokio::time::Instant::now() + timeout;
+        self.wait_ready(timeout).await?;
+        let mut target = None;
+        loop {
+            if self.is_leader() {
+                return Ok(());
+            }
+            let contact = *self.tablet.leader_contact.lock().expect("lock poisoned");
+            let applied = self.tablet.read().applied_index();
+            let reason = match contact {
+                Some((_, commit)) => {
+                    // What the leader had committed when it first reached
+                    // this wait: a moving target would never be met under
+                    // steady writes.
+                    let target = *target.get_or_insert(commit);
+                    if applied >= target {
+                        return Ok(());
+                    }
+                    format!("applied {applied} of {target}")
+                }
+                None => "no leader has reached it since start".to_string(),
+            };
+            if tokio::time::Instant::now() >= until {
+                return Err(crate::Error::Timeout {
+                    what: format!("tablet {} not caught up", self.tablet.id),
+                    after: timeout,
+                    reason,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Builds a snapshot (at the tablet's checkpoint) and purges the log
     /// up to `checkpoint` once the snapshot covers it.
     pub async fn purge_after_snapshot(&self, checkpoint: u64) {

@@ -4,10 +4,9 @@
 //! Every refusal is a typed `stele_proto::Error` in the status details; a
 //! request that fails validation writes nothing.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use stele_proto::command::{
     AppendBatch, Expect, Pos, RecordIn, TabletCommand, TabletResponse, batch_id_halves,
@@ -15,7 +14,6 @@ use stele_proto::command::{
 use stele_proto::limits;
 use stele_proto::pb::{self, data_server::Data};
 use stele_proto::{Error as ApiError, vshard};
-use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use crate::endpoints::Endpoints;
@@ -26,12 +24,14 @@ use crate::segment::Row;
 
 mod options;
 mod page;
+mod serve;
 
 pub use options::{DataOptions, DataParts, FailPoints};
 use page::{
     KeyCursor, ScanCursor, decode_cursor, encode_cursor, limit_of, rows_within_budget, ts_to_of,
 };
 pub use page::{READ_BYTES_MAX, READ_LIMIT_DEFAULT, READ_LIMIT_MAX};
+pub use serve::{Serving, serve, serve_on, serve_with};
 
 #[derive(Clone)]
 pub struct DataService {
@@ -728,68 +728,4 @@ impl Data for DataService {
             peer_bytes_out: ts.as_ref().map_or(0, |t| t.bytes_out),
         }))
     }
-}
-
-/// Serves the data API, gRPC health and reflection on `addr` until `cancel`.
-pub async fn serve(
-    service: impl Into<DataService>,
-    addr: SocketAddr,
-    cancel: CancellationToken,
-) -> crate::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| crate::Error::io(format!("bind {addr}"), e))?;
-    serve_on(service, listener, cancel).await
-}
-
-/// Like [`serve`], on a listener the caller bound (port 0 in tests).
-pub async fn serve_on(
-    service: impl Into<DataService>,
-    listener: tokio::net::TcpListener,
-    cancel: CancellationToken,
-) -> crate::Result<()> {
-    serve_with(
-        Some(service.into()),
-        tonic::service::Routes::default(),
-        listener,
-        cancel,
-    )
-    .await
-}
-
-/// Serves the data API (when this process is a node) together with
-/// `extra` services (the controller's, when it is one) on one port.
-pub async fn serve_with(
-    service: Option<DataService>,
-    extra: tonic::service::Routes,
-    listener: tokio::net::TcpListener,
-    cancel: CancellationToken,
-) -> crate::Result<()> {
-    let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| crate::Error::Serve {
-            what: "gRPC reflection",
-            reason: e.to_string(),
-        })?;
-    let mut routes = extra.add_service(health_service).add_service(reflection);
-    if let Some(service) = service {
-        health_reporter
-            .set_serving::<pb::data_server::DataServer<DataService>>()
-            .await;
-        routes = routes.add_service(
-            pb::data_server::DataServer::new(service).max_decoding_message_size(64 << 20),
-        );
-    }
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    tonic::transport::Server::builder()
-        .timeout(Duration::from_secs(60))
-        .add_routes(routes)
-        .serve_with_incoming_shutdown(incoming, cancel.cancelled())
-        .await
-        .map_err(|e| crate::Error::Serve {
-            what: "gRPC data API",
-            reason: e.to_string(),
-        })
 }
