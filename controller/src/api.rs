@@ -343,8 +343,14 @@ impl pb::controller_server::Controller for Api {
                     heartbeat_age_ms: seen
                         .get(&n.id)
                         .map_or(0, |t| now.duration_since(*t).as_millis() as u64),
-                    version: builds.get(&n.id).map(|b| b.version.clone()).unwrap_or_default(),
-                    formats: builds.get(&n.id).map(|b| b.formats.clone()).unwrap_or_default(),
+                    version: builds
+                        .get(&n.id)
+                        .map(|b| b.version.clone())
+                        .unwrap_or_default(),
+                    formats: builds
+                        .get(&n.id)
+                        .map(|b| b.formats.clone())
+                        .unwrap_or_default(),
                 }
             })
             .collect();
@@ -510,7 +516,9 @@ impl pb::controller_server::Controller for Api {
         request: Request<pb::EnableFormatRequest>,
     ) -> Result<Response<pb::EnableFormatResponse>, Status> {
         let req = request.into_inner();
-        crate::formats::enable(&self.0, req).await.map(Response::new)
+        crate::formats::enable(&self.0, req)
+            .await
+            .map(Response::new)
     }
 
     async fn restart_safe(

@@ -155,7 +155,10 @@ pub async fn enable(
     let Some(max) = formats::supported(&req.name) else {
         return Err(refuse(
             "name",
-            format!("no gated format {:?}; this controller knows {known}", req.name),
+            format!(
+                "no gated format {:?}; this controller knows {known}",
+                req.name
+            ),
         ));
     };
     if req.version < formats::BASELINE || req.version > max {

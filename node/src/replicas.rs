@@ -141,7 +141,11 @@ impl ReplicaSet {
         }
         let old = self.0.segment_format.swap(version, Ordering::Relaxed);
         if old != version {
-            tracing::info!(from = old, to = version, "segment format of new seals changed");
+            tracing::info!(
+                from = old,
+                to = version,
+                "segment format of new seals changed"
+            );
         }
         Ok(())
     }

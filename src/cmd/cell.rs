@@ -169,7 +169,8 @@ pub async fn run(cmd: CellCommand) -> anyhow::Result<()> {
                 println!("routes      generation {}", s.route_generation);
                 println!(
                     "formats     {} (this controller: {}, {})",
-                    stele_proto::formats::describe(&s.formats).replace("none reported (version 1 of each)", "version 1 of each"),
+                    stele_proto::formats::describe(&s.formats)
+                        .replace("none reported (version 1 of each)", "version 1 of each"),
                     s.controller_version,
                     stele_proto::formats::describe(&s.controller_formats)
                 );

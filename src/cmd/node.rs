@@ -135,7 +135,11 @@ pub async fn run(cmd: NodeCommand) -> anyhow::Result<()> {
                         n.replicas,
                         n.leaders,
                         n.heartbeat_age_ms,
-                        if n.version.is_empty() { "?" } else { &n.version },
+                        if n.version.is_empty() {
+                            "?"
+                        } else {
+                            &n.version
+                        },
                         n.client_endpoint
                     );
                 }

@@ -256,6 +256,20 @@ pub fn walk(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// Bytes of the segment objects (`.seg`) under a `file://` bucket.
+/// (segment id, format version) of every published segment file under
+/// `dir` (the version is the prologue's, FORMAT.md section 5).
+pub fn segments(dir: &Path) -> std::collections::BTreeSet<(String, u32)> {
+    walk(dir)
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .filter_map(|p| {
+            let bytes = std::fs::read(&p).ok()?;
+            let v = u32::from_le_bytes(bytes.get(8..12)?.try_into().ok()?);
+            Some((p.file_stem()?.to_string_lossy().into_owned(), v))
+        })
+        .collect()
+}
+
 pub fn bucket_segment_bytes(bucket: &Path) -> u64 {
     walk(bucket)
         .iter()

@@ -9,8 +9,8 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use stele_tests::controlled::ControlledCell;
 use stele_tests::bench::{assert_clean, report, sigterm, start_bench};
+use stele_tests::controlled::ControlledCell;
 use stele_tests::stele_bin;
 
 /// Kills and reaps a child when dropped.

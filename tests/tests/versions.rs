@@ -7,25 +7,12 @@
 //! bytes, and a node without it is refused from then on.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use stele_proto::pb;
 use stele_tests::bench::{assert_clean, report, start_bench};
 use stele_tests::controlled::ControlledCell;
-
-/// (segment id, format version) of every published segment under `dir`.
-pub fn segments(dir: &Path) -> BTreeSet<(String, u32)> {
-    stele_tests::walk(dir)
-        .into_iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
-        .filter_map(|p| {
-            let bytes = std::fs::read(&p).ok()?;
-            let v = u32::from_le_bytes(bytes.get(8..12)?.try_into().ok()?);
-            Some((p.file_stem()?.to_string_lossy().into_owned(), v))
-        })
-        .collect()
-}
+use stele_tests::segments;
 
 /// A heartbeat as a node on a binary from before the gate sends it: no
 /// version, no formats.
@@ -90,10 +77,7 @@ fn formats_are_gated_until_every_member_supports_them() {
         before.iter().all(|s| !s.is_empty()),
         "no seal happened: the test would show nothing: {before:?}"
     );
-    assert!(
-        before.iter().flatten().all(|(_, v)| *v == 1),
-        "{before:?}"
-    );
+    assert!(before.iter().flatten().all(|(_, v)| *v == 1), "{before:?}");
 
     // Hostile requests: refused, typed, nothing changed.
     for (args, want) in [
@@ -118,7 +102,10 @@ fn formats_are_gated_until_every_member_supports_them() {
         "{err}"
     );
     let f: serde_json::Value = cell.json(&["cell", "formats"]);
-    assert_eq!(f["formats"][0]["version"], 1, "a refusal changed the cell: {f}");
+    assert_eq!(
+        f["formats"][0]["version"], 1,
+        "a refusal changed the cell: {f}"
+    );
 
     // Gone for good: decommissioned, it no longer counts.
     let (ok, out, err) = cell.cli(&["node", "decommission", "9"]);
@@ -165,11 +152,7 @@ fn formats_are_gated_until_every_member_supports_them() {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
-    let (ok, out, err) = stele_tests::run(&[
-        "tablet",
-        "list",
-        "--controllers",
-        &cell.controllers_arg(),
-    ]);
+    let (ok, out, err) =
+        stele_tests::run(&["tablet", "list", "--controllers", &cell.controllers_arg()]);
     assert!(ok, "{out}{err}");
 }

@@ -726,7 +726,8 @@ fn golden_format2_reads_forever_and_is_reproduced() {
 fn an_unknown_format_version_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let mut bytes = fs::read(golden_format2_path()).unwrap();
-    bytes[PROLOGUE_VERSION_OFFSET..PROLOGUE_VERSION_OFFSET + 4].copy_from_slice(&3u32.to_le_bytes());
+    bytes[PROLOGUE_VERSION_OFFSET..PROLOGUE_VERSION_OFFSET + 4]
+        .copy_from_slice(&3u32.to_le_bytes());
     let path = dir.path().join("v3.seg");
     fs::write(&path, &bytes).unwrap();
     match SegmentReader::open(&path) {

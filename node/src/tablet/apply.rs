@@ -137,7 +137,13 @@ pub fn apply(
             }
         }
         TabletCommand::Compact { inputs, format } => {
-            freeze(tablet, data, log_id, Change::Compact(inputs.clone()), *format);
+            freeze(
+                tablet,
+                data,
+                log_id,
+                Change::Compact(inputs.clone()),
+                *format,
+            );
             Applied::sealed(index)
         }
         TabletCommand::Freeze { generation } => {

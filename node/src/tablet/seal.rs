@@ -170,12 +170,7 @@ fn build_compaction(
         log_first: inputs.iter().map(|(s, _)| s.log_first).min().unwrap_or(0),
         log_last: inputs.iter().map(|(s, _)| s.log_last).max().unwrap_or(0),
     };
-    let info = segment::write(
-        &tablet.segment_dir,
-        &header,
-        &rows,
-        &plan.write,
-    )?;
+    let info = segment::write(&tablet.segment_dir, &header, &rows, &plan.write)?;
     written(tablet, info).map(Some)
 }
 
@@ -344,12 +339,7 @@ fn build(tablet: &Tablet, plan: &Plan) -> Result<Option<(SegmentRef, Arc<Segment
     if plan.rows.is_empty() {
         return Ok(None);
     }
-    let info = segment::write(
-        &tablet.segment_dir,
-        &plan.header,
-        &plan.rows,
-        &plan.write,
-    )?;
+    let info = segment::write(&tablet.segment_dir, &plan.header, &plan.rows, &plan.write)?;
     written(tablet, info).map(Some)
 }
 
