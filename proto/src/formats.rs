@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 use crate::pb::FormatVersion;
 
 /// Segment files (FORMAT.md section 5): version 2 compresses blocks at
-/// zstd level 3.
+/// zstd level 6.
 pub const SEGMENT: &str = "segment";
 /// The newest segment format this build reads and writes.
 pub const SEGMENT_MAX: u32 = 2;

@@ -60,7 +60,10 @@ fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
 fn enable_refused(cell: &ControlledCell, naming: &str) {
     let (ok, out, err) = cell.cli(&["cell", "formats", "enable", "segment", "2"]);
     assert!(!ok, "segment 2 enabled in a mixed cell: {out}");
-    assert!(err.contains(naming), "refusal does not name {naming}: {err}");
+    assert!(
+        err.contains(naming),
+        "refusal does not name {naming}: {err}"
+    );
 }
 
 #[test]
@@ -108,9 +111,11 @@ fn rolling_upgrade_from_the_previous_build_under_load() {
         eprintln!("node {n} (old) stopped: {status}");
         cell.binaries.remove(&format!("node{n}"));
         nodes.insert(n, cell.start_node(n));
-        wait_for("node reports the new build", Duration::from_secs(30), || {
-            node_version(&cell, n) == new_version
-        });
+        wait_for(
+            "node reports the new build",
+            Duration::from_secs(30),
+            || node_version(&cell, n) == new_version,
+        );
         cell.wait_settled(Duration::from_secs(60));
         eprintln!("node {n} upgraded in {:?}", t.elapsed());
         if n < 3 {

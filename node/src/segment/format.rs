@@ -21,7 +21,7 @@ pub const TRAILER_MAGIC: [u8; 8] = *b"STELEEND";
 /// The oldest format version this build reads and writes.
 pub const FORMAT_VERSION_MIN: u32 = 1;
 /// The newest format version this build reads and writes. Version 2 is
-/// version 1 with blocks compressed at zstd level 3 instead of 1 (smaller
+/// version 1 with blocks compressed at zstd level 6 instead of 1 (smaller
 /// segments, locally and in the bucket). Which version a seal writes is
 /// decided by the cell (`stele cell formats enable segment 2`) and carried
 /// in the seal's Raft entry, so every replica writes the same bytes.
@@ -47,7 +47,7 @@ pub const BLOCK_CRC_LEN: usize = 4;
 /// zstd level of a format version: fixed per version, because the bytes
 /// (and so the id) must agree across replicas.
 pub const fn zstd_level(version: u32) -> i32 {
-    if version >= 2 { 3 } else { 1 }
+    if version >= 2 { 6 } else { 1 }
 }
 
 // Trailer, at `file_len - TRAILER_LEN`.

@@ -105,9 +105,9 @@ fn validate(
 
 fn compress(raw: &[u8], version: u32) -> Vec<u8> {
     // bulk::compress on an in-memory buffer only fails on allocation failure
-    // or an invalid level; levels 1 and 3 are valid.
+    // or an invalid level; levels 1 and 6 are valid.
     zstd::bulk::compress(raw, zstd_level(version))
-        .expect("zstd level 1 or 3 compression of a buffer cannot fail")
+        .expect("zstd level 1 or 6 compression of a buffer cannot fail")
 }
 
 /// Encodes a segment. Pure and deterministic: the same header, rows and
