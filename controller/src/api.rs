@@ -515,10 +515,7 @@ impl pb::controller_server::Controller for Api {
         &self,
         request: Request<pb::EnableFormatRequest>,
     ) -> Result<Response<pb::EnableFormatResponse>, Status> {
-        let req = request.into_inner();
-        crate::formats::enable(&self.0, req)
-            .await
-            .map(Response::new)
+        crate::formats::enable(&self.0, request).await
     }
 
     async fn restart_safe(

@@ -145,8 +145,9 @@ async fn peer_build(endpoint: &str) -> Result<Build, String> {
 /// Handles `EnableFormat`.
 pub async fn enable(
     c: &Controller,
-    req: pb::EnableFormatRequest,
-) -> Result<pb::EnableFormatResponse, Status> {
+    request: tonic::Request<pb::EnableFormatRequest>,
+) -> Result<tonic::Response<pb::EnableFormatResponse>, Status> {
+    let req = request.into_inner();
     let known = formats::SUPPORTED
         .iter()
         .map(|(n, v)| format!("{n} 1..={v}"))
@@ -212,9 +213,9 @@ pub async fn enable(
             "format enabled for the cell"
         );
     }
-    Ok(pb::EnableFormatResponse {
+    Ok(tonic::Response::new(pb::EnableFormatResponse {
         formats: formats::to_pb(&c.snapshot().formats),
-    })
+    }))
 }
 
 #[cfg(test)]

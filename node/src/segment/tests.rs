@@ -684,15 +684,22 @@ fn writer_reproduces_golden_bytes() {
     assert_eq!(bytes, fs::read(golden_v2_path()).unwrap());
 }
 
-#[test]
-fn golden_v2_reads_forever_with_its_vshards() {
-    let seg = SegmentReader::open(&golden_v2_path()).unwrap();
-    assert_eq!(seg.id(), GOLDEN_V2_ID);
+/// Opens the golden file at `path`, checks its id, header and checksums,
+/// and returns every row it holds.
+fn read_golden(path: &Path, id: &str) -> Vec<Row> {
+    let seg = SegmentReader::open(path).unwrap();
+    assert_eq!(seg.id(), id);
     assert_eq!(seg.header(), &golden_header());
     seg.verify_all().unwrap();
     let mut read = seg.scan("acme/logs", b"", 0, u64::MAX).unwrap();
     read.extend(seg.scan("acme/metrics", b"", 0, u64::MAX).unwrap());
     read.extend(seg.scan("zeta/evidence", b"", 0, u64::MAX).unwrap());
+    read
+}
+
+#[test]
+fn golden_v2_reads_forever_with_its_vshards() {
+    let read = read_golden(&golden_v2_path(), GOLDEN_V2_ID);
     assert_eq!(read, golden_rows_with_vshards());
 }
 
@@ -700,13 +707,7 @@ fn golden_v2_reads_forever_with_its_vshards() {
 /// on different builds that both write format 2 agree on its bytes.
 #[test]
 fn golden_format2_reads_forever_and_is_reproduced() {
-    let seg = SegmentReader::open(&golden_format2_path()).unwrap();
-    assert_eq!(seg.id(), GOLDEN_FORMAT2_ID);
-    assert_eq!(seg.header(), &golden_header());
-    seg.verify_all().unwrap();
-    let mut read = seg.scan("acme/logs", b"", 0, u64::MAX).unwrap();
-    read.extend(seg.scan("acme/metrics", b"", 0, u64::MAX).unwrap());
-    read.extend(seg.scan("zeta/evidence", b"", 0, u64::MAX).unwrap());
+    let read = read_golden(&golden_format2_path(), GOLDEN_FORMAT2_ID);
     assert_eq!(read, golden_rows_with_vshards());
     let bytes = encode(
         &golden_header(),
