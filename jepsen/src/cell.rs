@@ -19,6 +19,10 @@ use anyhow::Context;
 
 pub struct CellSpec {
     pub bin: PathBuf,
+    /// An older `stele` binary, for a rolling upgrade: every node starts
+    /// on it, and [`Cell::upgrade_restart`] moves a node between it and
+    /// `bin` (the controller runs `bin`: controllers are upgraded first).
+    pub old_bin: Option<PathBuf>,
     pub nodes: usize,
     pub tablets: u32,
     pub election_timeout_ms: u64,
@@ -81,6 +85,8 @@ pub struct Cell {
     paused: Vec<usize>,
     /// Nodes running with fail points armed (restarted clean by `heal`).
     failing: Vec<usize>,
+    /// Nodes that run `spec.old_bin`.
+    old: std::collections::BTreeSet<usize>,
     controller: Option<Child>,
     net: Option<crate::netns::Netns>,
     /// The proxy between the nodes and the S3 server, and the object-key
@@ -302,6 +308,7 @@ impl Cell {
         } else {
             None
         };
+        let (spec_old, spec_nodes) = (spec.old_bin.clone(), spec.nodes);
         let mut cell = Cell {
             base: if net.is_some() {
                 0
@@ -313,6 +320,10 @@ impl Cell {
             procs: BTreeMap::new(),
             paused: Vec::new(),
             failing: Vec::new(),
+            old: match &spec_old {
+                Some(_) => (1..=spec_nodes).collect(),
+                None => Default::default(),
+            },
             controller: None,
             net,
             s3: None,
@@ -519,9 +530,13 @@ impl Cell {
             .create(true)
             .append(true)
             .open(self.dir.join(format!("node{n}.log")))?;
+        let bin = match &self.spec.old_bin {
+            Some(old) if self.old.contains(&n) => old,
+            _ => &self.spec.bin,
+        };
         let mut cmd = match &self.net {
-            Some(net) => net.command(n, &self.spec.bin),
-            None => Command::new(&self.spec.bin),
+            Some(net) => net.command(n, bin),
+            None => Command::new(bin),
         };
         cmd.arg("server");
         if self.spec.controlled {
@@ -646,6 +661,26 @@ impl Cell {
         };
         self.start_node(n)?;
         Ok(how)
+    }
+
+    /// A rolling-upgrade step: node `n` restarts gracefully (as
+    /// [`Cell::graceful_restart`]) onto the other binary, the newer if it
+    /// ran the older, else back to the older (no gated format is enabled,
+    /// so a mixed cell may go either way). Says which way and how it
+    /// stopped.
+    pub fn upgrade_restart(&mut self, n: usize, deadline: Duration) -> anyhow::Result<String> {
+        anyhow::ensure!(
+            self.spec.old_bin.is_some(),
+            "the upgrade nemesis needs an older binary (--old-bin)"
+        );
+        let way = if self.old.remove(&n) {
+            "upgrade"
+        } else {
+            self.old.insert(n);
+            "downgrade"
+        };
+        let how = self.graceful_restart(n, deadline)?;
+        Ok(format!("{way} ({how})"))
     }
 
     pub fn kill(&mut self, n: usize) {

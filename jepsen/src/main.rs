@@ -37,6 +37,11 @@ struct Cli {
     /// `stele-test`); it must exist. Each run writes under its own prefix.
     #[arg(long, global = true)]
     s3_bucket: Option<String>,
+    /// An older `stele` binary for the `upgrade` nemesis (nodes start on
+    /// it); `scripts/upgrade-test` builds one in target/upgrade/debug/stele.
+    /// Without it the smoke leaves the upgrade case out.
+    #[arg(long, global = true)]
+    old_bin: Option<PathBuf>,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -241,6 +246,7 @@ fn main() -> std::process::ExitCode {
                     workload,
                     cold,
                     s3: s3.clone(),
+                    old_bin: cli.old_bin.clone(),
                 };
                 let r = run(&opts).await?;
                 println!("{}", serde_json::to_string_pretty(&r)?);
@@ -308,6 +314,15 @@ fn main() -> std::process::ExitCode {
                         false,
                         18,
                     ),
+                    // A rolling upgrade and back, under kills: mixed
+                    // versions lose nothing.
+                    (
+                        "upgrade+kill",
+                        vec![Nemesis::Upgrade, Nemesis::Kill],
+                        false,
+                        true,
+                        23,
+                    ),
                     // Power cuts of the whole cell lose nothing acknowledged.
                     ("power-cut", vec![Nemesis::PowerCut], false, false, 20),
                     // Must be caught: a deposed leader serving reads.
@@ -325,6 +340,9 @@ fn main() -> std::process::ExitCode {
                 if s3.is_none() {
                     println!("smoke: no S3 server (STELE_TEST_S3_ENDPOINT); the s3 case is left out");
                 }
+                if cli.old_bin.is_none() {
+                    println!("smoke: no older binary (--old-bin); the upgrade case is left out");
+                }
                 println!(
                     "smoke: faults by {}",
                     if netns {
@@ -333,11 +351,15 @@ fn main() -> std::process::ExitCode {
                         "loopback and the transport peer filter (no namespaces or nftables here)"
                     }
                 );
-                let (mut passed, mut failed, mut left_out) = (0, 0, 0);
+                let (mut passed, mut failed, mut left_out) = (0, 0, Vec::new());
                 for (name, nemeses, unsafe_reads, controlled, seed) in cases {
                     let on_s3 = nemeses.contains(&Nemesis::S3);
                     if on_s3 && s3.is_none() {
-                        left_out += 1;
+                        left_out.push("no S3 server");
+                        continue;
+                    }
+                    if nemeses.contains(&Nemesis::Upgrade) && cli.old_bin.is_none() {
+                        left_out.push("no older binary");
                         continue;
                     }
                     let opts = RunOptions {
@@ -369,6 +391,7 @@ fn main() -> std::process::ExitCode {
                         },
                         cold: false,
                         s3: s3.clone().filter(|_| on_s3),
+                        old_bin: cli.old_bin.clone(),
                     };
                     let ok = match run(&opts).await {
                         // A negative control passes only when the checker
@@ -448,8 +471,12 @@ fn main() -> std::process::ExitCode {
                         failed += 1;
                     }
                 }
-                if left_out > 0 {
-                    println!("{passed} passed, {failed} failed, {left_out} left out (no S3 server)");
+                if !left_out.is_empty() {
+                    println!(
+                        "{passed} passed, {failed} failed, {} left out ({})",
+                        left_out.len(),
+                        left_out.join(", ")
+                    );
                 } else {
                     println!("{passed} passed, {failed} failed");
                 }

@@ -77,6 +77,11 @@ pub enum Nemesis {
     /// at once. Valid whether or not the node hands off its leaderships
     /// on SIGTERM.
     Restart,
+    /// A rolling-upgrade step (needs `--old-bin`; nodes start on the older
+    /// binary): a graceful restart of a node onto the other binary, this
+    /// build if it ran the older one, else back. The cell runs mixed
+    /// versions throughout and must lose nothing.
+    Upgrade,
     /// Every node hears only its two ring neighbours (four or more
     /// nodes); with three, one node bridges two that cannot hear each other.
     PartitionRing,
@@ -162,6 +167,7 @@ impl std::str::FromStr for Nemesis {
             "partition-leader" => Nemesis::PartitionLeader,
             "kill-leader" => Nemesis::KillLeader,
             "restart" => Nemesis::Restart,
+            "upgrade" => Nemesis::Upgrade,
             "partition-ring" => Nemesis::PartitionRing,
             "loss" => Nemesis::Loss,
             "kill-controller" => Nemesis::KillController,
@@ -214,6 +220,8 @@ pub struct RunOptions {
     pub cold: bool,
     /// The cold tier's S3 server (else a `file://` bucket).
     pub s3: Option<crate::cell::S3Server>,
+    /// An older `stele` binary for the `upgrade` nemesis.
+    pub old_bin: Option<PathBuf>,
 }
 
 #[derive(Debug, Serialize)]
@@ -704,7 +712,9 @@ async fn nemesis(
             }
             // Half the restarts hit the workload tablet's leader: what a
             // leadership hand-off on SIGTERM is for.
-            Nemesis::Restart if rng.random_bool(0.5) => cell.leader_of(ns_lo).await.unwrap_or(1),
+            Nemesis::Restart | Nemesis::Upgrade if rng.random_bool(0.5) => {
+                cell.leader_of(ns_lo).await.unwrap_or(1)
+            }
             _ => rng.random_range(1..=nodes),
         };
         let hold = Duration::from_millis(rng.random_range(2 * t..4 * t));
@@ -718,6 +728,11 @@ async fn nemesis(
                 let deadline = Duration::from_millis(10 * t);
                 let how = tokio::task::block_in_place(|| cell.graceful_restart(victim, deadline))?;
                 (format!("restart ({how})"), vec![victim])
+            }
+            Nemesis::Upgrade => {
+                let deadline = Duration::from_millis(10 * t);
+                let how = tokio::task::block_in_place(|| cell.upgrade_restart(victim, deadline))?;
+                (how, vec![victim])
             }
             Nemesis::Pause => {
                 cell.pause(victim);
@@ -1130,8 +1145,14 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
     std::fs::create_dir_all(&dir)?;
     std::fs::write(dir.join("seed"), opts.seed.to_string())?;
     let started = Instant::now();
+    let upgrade = opts.nemeses.contains(&Nemesis::Upgrade);
+    anyhow::ensure!(
+        !upgrade || opts.old_bin.is_some(),
+        "the upgrade nemesis needs an older stele binary (--old-bin)"
+    );
     let spec = CellSpec {
         bin: opts.bin.clone(),
+        old_bin: opts.old_bin.clone().filter(|_| upgrade),
         nodes: if opts.controlled { 4 } else { 3 },
         tablets: 2,
         election_timeout_ms: 1000,
