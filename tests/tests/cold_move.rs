@@ -77,6 +77,11 @@ async fn a_moved_replica_reads_sealed_segments_from_the_bucket() {
             // The counter above also counts a segment uploaded again
             // before its first upload was applied: count the objects.
             && stele_tests::bucket_segment_count(bucket.path()) >= s.segments_sealed
+            // And the leader applied each upload (its `Uploaded` entry):
+            // only then does its snapshot name the segment as cold, and
+            // it evicts the local copy (`--hot-age-s 0`). An upload done
+            // but not yet applied is sent by the snapshot as a local file.
+            && t.iter().all(|t| s.segments_evicted >= u64::from(t.segments))
         {
             break (id, voters, leader);
         }
