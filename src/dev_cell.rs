@@ -276,6 +276,9 @@ pub async fn run(
                 .arg(cell.dir.join(format!("node-{n}")))
                 .arg("--certs")
                 .arg(certs.join(format!("node-{n}")))
+                // A dev cell is plaintext on loopback; its certificates
+                // serve node-to-node QUIC only.
+                .arg("--insecure-plaintext")
                 .args(["--controllers", &controller])
                 // One machine, one zone: placement keeps voters on distinct nodes.
                 .args(["--zone", "dev"])

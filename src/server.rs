@@ -71,13 +71,19 @@ pub async fn run_server(
     label: &str,
     peering: Option<Peering>,
     roles: ControlRoles,
+    tls: Option<Arc<stele_tls::Credentials>>,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen.listen.to_string())
         .await
         .with_context(|| format!("bind --listen {}", listen.listen))?;
     let addr = listener.local_addr()?;
-    let advertised = listen.advertised(addr).http_url();
+    let advertised = url(&listen.advertised(addr), &tls);
     let cancel = CancellationToken::new();
+    let quorum = roles
+        .controller
+        .is_some()
+        .then_some(stele_tls::Kind::Controller);
+    let secure = secure(&tls, quorum, &cancel)?;
     let mut routes = tonic::service::Routes::default();
     let mut names = Vec::new();
     let controller = match roles.controller {
@@ -95,9 +101,11 @@ pub async fn run_server(
             routes,
             names,
             listener,
+            secure,
             &format!("stele {label}: controller listening on {advertised} (bound {addr})"),
         )
         .await?;
+        cancel.cancel();
         if let Some(c) = controller {
             c.shutdown().await;
         }
@@ -139,6 +147,7 @@ pub async fn run_server(
         names,
         Some(crate::http::health().serving()),
         listener,
+        secure,
         cancel.clone(),
     ));
     println!(
@@ -170,6 +179,32 @@ pub async fn run_server(
         c.shutdown().await;
     }
     Ok(())
+}
+
+/// The endpoint URL others dial: `https://` with TLS.
+fn url(advertised: &HostPort, tls: &Option<Arc<stele_tls::Credentials>>) -> String {
+    if tls.is_some() {
+        advertised.https_url()
+    } else {
+        advertised.http_url()
+    }
+}
+
+/// The TLS side of a listener (`None`: plaintext); with it, the
+/// credentials are kept fresh (file change, SIGHUP) until `cancel`.
+fn secure(
+    tls: &Option<Arc<stele_tls::Credentials>>,
+    quorum: Option<stele_tls::Kind>,
+    cancel: &CancellationToken,
+) -> anyhow::Result<Option<stele_tls::server::Secure>> {
+    let Some(creds) = tls else {
+        return Ok(None);
+    };
+    crate::security::keep_fresh(creds, cancel);
+    let policy = stele_tls::Policy { quorum };
+    Ok(Some(
+        stele_tls::server::Secure::new(creds.clone(), policy).context("TLS listener")?,
+    ))
 }
 
 /// How often a node still catching up at start says so in its log.
@@ -266,12 +301,15 @@ async fn open_node(
 pub async fn run_directory(
     opts: stele_directory::DirectoryOptions,
     listen: Endpoint,
+    tls: Option<Arc<stele_tls::Credentials>>,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen.listen.to_string())
         .await
         .with_context(|| format!("bind --listen {}", listen.listen))?;
     let addr = listener.local_addr()?;
-    let advertised = listen.advertised(addr).http_url();
+    let advertised = url(&listen.advertised(addr), &tls);
+    let cancel = CancellationToken::new();
+    let secure = secure(&tls, Some(stele_tls::Kind::Directory), &cancel)?;
     let d = stele_directory::Directory::start(opts)
         .await
         .context("start directory")?;
@@ -284,9 +322,11 @@ pub async fn run_directory(
         routes,
         names,
         listener,
+        secure,
         &format!("stele directory: listening on {advertised} (bound {addr})"),
     )
     .await?;
+    cancel.cancel();
     d.shutdown().await;
     Ok(())
 }
@@ -297,6 +337,7 @@ async fn serve_until_signal(
     routes: tonic::service::Routes,
     names: Vec<&'static str>,
     listener: tokio::net::TcpListener,
+    secure: Option<stele_tls::server::Secure>,
     ready: &str,
 ) -> anyhow::Result<()> {
     let cancel = CancellationToken::new();
@@ -306,6 +347,7 @@ async fn serve_until_signal(
         names,
         Some(crate::http::health().serving()),
         listener,
+        secure,
         cancel.clone(),
     ));
     println!("{ready}");

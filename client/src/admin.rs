@@ -28,20 +28,25 @@ use stele_proto::pb::controller_client::ControllerClient;
 use stele_proto::pb::directory_client::DirectoryClient;
 use tonic::transport::{Channel, Endpoint};
 
+
 use crate::{Error, Result};
 
 /// A gRPC client made from a channel.
 pub trait FromChannel {
+    /// Who must answer at the other end (checked by TLS).
+    const SERVER: stele_tls::Kind;
     fn from_channel(ch: Channel) -> Self;
 }
 
 impl FromChannel for ControllerClient<Channel> {
+    const SERVER: stele_tls::Kind = stele_tls::Kind::Controller;
     fn from_channel(ch: Channel) -> Self {
         ControllerClient::new(ch)
     }
 }
 
 impl FromChannel for DirectoryClient<Channel> {
+    const SERVER: stele_tls::Kind = stele_tls::Kind::Directory;
     fn from_channel(ch: Channel) -> Self {
         DirectoryClient::new(ch)
     }
@@ -61,6 +66,8 @@ pub struct Leader<C> {
     /// The member the next call tries first.
     at: AtomicUsize,
     channels: Mutex<HashMap<String, Channel>>,
+    /// Roots and identity for `https://` members.
+    tls: Option<stele_tls::ClientTls>,
     /// How long a call keeps trying while no member leads: no attempt
     /// starts after this much time since the first.
     pub deadline: Duration,
@@ -83,6 +90,14 @@ impl<C: FromChannel> Leader<C> {
     /// to connect, retried through an election for 15 s with a 200 ms
     /// pause after each pass.
     pub fn new(endpoints: Vec<String>) -> Result<Leader<C>> {
+        Leader::with_tls(endpoints, None)
+    }
+
+    /// Like [`Leader::new`], with TLS settings for `https://` members.
+    pub fn with_tls(
+        endpoints: Vec<String>,
+        tls: Option<stele_tls::ClientTls>,
+    ) -> Result<Leader<C>> {
         if endpoints.is_empty() {
             return Err(Error::InvalidEndpoint {
                 endpoint: String::new(),
@@ -99,6 +114,7 @@ impl<C: FromChannel> Leader<C> {
             endpoints: Mutex::new(endpoints),
             at: AtomicUsize::new(0),
             channels: Mutex::new(HashMap::new()),
+            tls,
             deadline: Duration::from_secs(15),
             request_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(1),
@@ -119,13 +135,8 @@ impl<C: FromChannel> Leader<C> {
         if let Some(ch) = channels.get(endpoint) {
             return Ok(C::from_channel(ch.clone()));
         }
-        let ch = Endpoint::from_shared(endpoint.to_string())
-            .map_err(|e| Error::InvalidEndpoint {
-                endpoint: endpoint.to_string(),
-                reason: e.to_string(),
-            })?
-            .connect_timeout(self.connect_timeout)
-            .connect_lazy();
+        let ch = stele_tls::channel(endpoint, self.tls.as_ref(), C::SERVER, self.connect_timeout)
+            .map_err(|e| Error::invalid_endpoint(endpoint, e))?;
         channels.insert(endpoint.to_string(), ch.clone());
         Ok(C::from_channel(ch))
     }

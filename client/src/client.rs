@@ -11,7 +11,7 @@ use std::time::Duration;
 use stele_proto::limits;
 use stele_proto::pb::data_client::DataClient;
 use stele_proto::pb::{self, Record, StatusResponse, TabletDescriptor};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::retry::RetryPolicy;
 use crate::routes::{Route, RouteTable};
@@ -32,6 +32,9 @@ pub struct ClientOptions {
     pub batch_records_max: usize,
     /// Page size used by [`Client::scan_all`] and [`Client::scan_key_all`].
     pub page_records: u32,
+    /// The cell CA (and maybe a certificate) for `https://` endpoints;
+    /// `http://` endpoints are plaintext whatever this says.
+    pub tls: Option<stele_tls::ClientTls>,
 }
 
 impl Default for ClientOptions {
@@ -44,6 +47,7 @@ impl Default for ClientOptions {
             batch_bytes_max: limits::BATCH_BYTES_MAX_DEFAULT,
             batch_records_max: limits::BATCH_RECORDS_MAX_DEFAULT,
             page_records: 1000,
+            tls: None,
         }
     }
 }
@@ -101,7 +105,7 @@ impl Client {
     /// data path goes straight to tablet leaders; the controllers are asked
     /// again only when the cache is found stale.
     pub async fn connect_cell(controllers: &[String], opts: ClientOptions) -> Result<Client> {
-        let admin = admin::Admin::new(controllers.to_vec())?;
+        let admin = admin::Admin::with_tls(controllers.to_vec(), opts.tls.clone())?;
         let client = Client {
             inner: Arc::new(Inner {
                 seed: String::new(),
@@ -225,14 +229,13 @@ impl Client {
         if let Some(ch) = channels.get(endpoint) {
             return Ok(DataClient::new(ch.clone()).max_decoding_message_size(DECODE_BYTES_MAX));
         }
-        let ch = Endpoint::from_shared(endpoint.to_string())
-            .map_err(|e| Error::InvalidEndpoint {
-                endpoint: endpoint.to_string(),
-                reason: e.to_string(),
-            })?
-            .connect_timeout(self.inner.opts.connect_timeout)
-            .tcp_nodelay(true)
-            .connect_lazy();
+        let ch = stele_tls::channel(
+            endpoint,
+            self.inner.opts.tls.as_ref(),
+            stele_tls::Kind::Node,
+            self.inner.opts.connect_timeout,
+        )
+        .map_err(|e| Error::invalid_endpoint(endpoint, e))?;
         channels.insert(endpoint.to_string(), ch.clone());
         Ok(DataClient::new(ch).max_decoding_message_size(DECODE_BYTES_MAX))
     }

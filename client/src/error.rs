@@ -46,6 +46,13 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    pub(crate) fn invalid_endpoint(endpoint: &str, e: stele_tls::Error) -> Error {
+        Error::InvalidEndpoint {
+            endpoint: endpoint.to_string(),
+            reason: e.to_string(),
+        }
+    }
+
     /// What the caller should do. Timeouts are retried: every data request is
     /// idempotent (appends by batch id).
     pub fn kind(&self) -> ErrorKind {

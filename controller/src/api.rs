@@ -75,21 +75,9 @@ impl pb::controller_server::Controller for Api {
         request: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
         let c = &self.0;
+        let caller = stele_tls::Caller::of(&request);
         let req = request.into_inner();
-        let Some(reg) = req.node else {
-            return Err(refuse("node", "missing registration"));
-        };
-        if reg.id == 0 || reg.id >= 1 << 16 {
-            return Err(refuse("node.id", "node ids are 1..65535"));
-        }
-        // An endpoint nobody can dial (0.0.0.0, a port 0, not HOST:PORT)
-        // would be published to every node and client: refuse it here.
-        if let Err(e) = stele_proto::addr::dialable_url(&reg.client_endpoint) {
-            return Err(refuse("node.client_endpoint", e));
-        }
-        if let Err(e) = stele_proto::addr::dialable(&reg.peer_endpoint) {
-            return Err(refuse("node.peer_endpoint", e));
-        }
+        let reg = crate::error::checked_registration(&caller, req.node)?;
         c.require_leader()?;
         crate::formats::admit(c, &reg)?;
         c.health()

@@ -119,14 +119,11 @@ pub fn own_build() -> Build {
     }
 }
 
-async fn peer_build(endpoint: &str) -> Result<Build, String> {
+async fn peer_build(endpoint: &str, tls: Option<&stele_tls::ClientTls>) -> Result<Build, String> {
     let ask = async {
-        let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())
-            .map_err(|e| e.to_string())?
-            .connect_timeout(PEER_TIMEOUT)
-            .connect()
-            .await
-            .map_err(|e| format!("{endpoint}: {e}"))?;
+        let channel =
+            stele_tls::channel(endpoint, tls, stele_tls::Kind::Controller, PEER_TIMEOUT)
+                .map_err(|e| e.to_string())?;
         let status = pb::controller_client::ControllerClient::new(channel)
             .cell_status(pb::CellStatusRequest { local: true })
             .await
@@ -184,7 +181,7 @@ pub async fn enable(
         let mut controllers = Vec::new();
         for (id, endpoint) in c.quorum.members() {
             if id != c.opts.id {
-                controllers.push((id, peer_build(&endpoint).await));
+                controllers.push((id, peer_build(&endpoint, c.opts.tls.as_ref()).await));
             }
         }
         let builds = c.health().builds.clone();

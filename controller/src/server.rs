@@ -44,6 +44,8 @@ pub struct ControllerOptions {
     /// When tablets split by themselves.
     pub split: crate::autosplit::SplitPolicy,
     pub timing: QuorumTiming,
+    /// For `https://` members: the CA and this member's certificate.
+    pub tls: Option<stele_tls::ClientTls>,
     /// Back the cell state up to the cell's bucket (`None`: no bucket).
     pub backup: Option<crate::backup::ControlBackup>,
 }
@@ -63,6 +65,7 @@ impl ControllerOptions {
             split: crate::autosplit::SplitPolicy::default(),
             timing: QuorumTiming::default(),
             backup: None,
+            tls: None,
         }
     }
 
@@ -88,11 +91,13 @@ pub struct Controller {
 
 impl Controller {
     pub async fn start(opts: ControllerOptions) -> Result<Arc<Controller>, stele_quorum::Error> {
-        let quorum = Quorum::open(
+        let quorum = Quorum::open_with(
             &opts.data_dir.join("controller"),
             opts.id,
             CellState::new(),
             &opts.timing,
+            opts.tls.clone(),
+            stele_tls::Kind::Controller,
         )
         .await?;
         let c = Arc::new(Controller {

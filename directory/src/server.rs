@@ -23,6 +23,8 @@ pub struct DirectoryOptions {
     /// the least-loaded cell (`stele dev`); off by default.
     pub auto_create: bool,
     pub timing: QuorumTiming,
+    /// For `https://` members: the CA and this member's certificate.
+    pub tls: Option<stele_tls::ClientTls>,
     /// Back the directory state up to a bucket (`None`: no bucket).
     pub backup: Option<crate::backup::DirectoryBackup>,
 }
@@ -35,6 +37,7 @@ impl DirectoryOptions {
             auto_create: false,
             timing: QuorumTiming::default(),
             backup: None,
+            tls: None,
         }
     }
 }
@@ -96,11 +99,13 @@ fn namespace_pb(n: &NamespaceRec, s: &DirectoryState) -> pb::NamespaceRecord {
 
 impl Directory {
     pub async fn start(opts: DirectoryOptions) -> stele_quorum::Result<Arc<Directory>> {
-        let quorum = Quorum::open(
+        let quorum = Quorum::open_with(
             &opts.data_dir.join("directory"),
             opts.id,
             DirectoryState::new(),
             &opts.timing,
+            opts.tls.clone(),
+            stele_tls::Kind::Directory,
         )
         .await?;
         let d = Arc::new(Directory {

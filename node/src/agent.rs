@@ -33,6 +33,9 @@ pub struct AgentOptions {
     pub interval: Duration,
     /// How long a leader waits for a new learner to catch up per attempt.
     pub catch_up: Duration,
+    /// For `https://` controllers: the cell CA and this node's certificate
+    /// (the controllers take heartbeats only from it).
+    pub tls: Option<stele_tls::ClientTls>,
 }
 
 /// Sets a peer node's QUIC `HOST:PORT` (the transport, when there is one).
@@ -88,7 +91,7 @@ impl Agent {
         Agent {
             replicas,
             endpoints,
-            controllers: controllers(&opts.controllers),
+            controllers: controllers(&opts.controllers, opts.tls.clone()),
             opts,
             set_peer,
             busy: Default::default(),
@@ -342,11 +345,11 @@ fn peer_changes(
 /// The leader-following client of the controllers, bounded for a
 /// heartbeat: one pass over them, each attempt `HEARTBEAT_TIMEOUT`, no
 /// waiting through an election (the next heartbeat is a second away).
-fn controllers(endpoints: &[String]) -> Option<Admin> {
+fn controllers(endpoints: &[String], tls: Option<stele_tls::ClientTls>) -> Option<Admin> {
     if endpoints.is_empty() {
         return None;
     }
-    match Admin::new(endpoints.to_vec()) {
+    match Admin::with_tls(endpoints.to_vec(), tls) {
         Ok(mut c) => {
             c.request_timeout = HEARTBEAT_TIMEOUT;
             c.connect_timeout = CONNECT_TIMEOUT;

@@ -16,16 +16,14 @@ use std::path::Path;
 use rcgen::{CertificateSigningRequestParams, KeyPair, SanType};
 
 use crate::certs::{
-    CA_CERT_FILE, CellCa, Error, NODE_CERT_FILE, NODE_KEY_FILE, Result, node_params,
+    CA_CERT_FILE, CellCa, Error, NODE_CERT_FILE, NODE_KEY_FILE, Result,
     parse_node_dns_name, read_string, write_file,
 };
 use crate::fsutil;
 
 /// The request file `stele cert request` writes.
 pub const NODE_CSR_FILE: &str = "node.csr";
-/// Validity bounds of a signed node certificate, in days.
-pub const DAYS_DEFAULT: u32 = 365;
-pub const DAYS_MAX: u32 = 3650;
+pub use crate::certs::{DAYS_DEFAULT, DAYS_MAX};
 
 /// The node id rule the controller and the node apply (1..65535).
 pub fn check_node_id(node_id: u64) -> Result<()> {
@@ -85,11 +83,7 @@ pub fn sign(ca_dir: &Path, csr: &Path, out_dir: &Path, days: u32) -> Result<u64>
         )));
     };
     check_node_id(node_id)?;
-    let mut params = node_params(node_id)?;
-    let now = time::OffsetDateTime::now_utc();
-    // An hour back for clocks a little behind the CA's.
-    params.not_before = now - time::Duration::hours(1);
-    params.not_after = now + time::Duration::days(i64::from(days));
+    let params = crate::certs::role_params(&[stele_tls::Role::Node(node_id)], days)?;
     let cert = params.signed_by(&req.public_key, &ca.issuer()?)?;
     fsutil::create_dir_durable(out_dir).map_err(|e| Error::Io {
         path: out_dir.to_path_buf(),

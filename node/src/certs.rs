@@ -29,12 +29,21 @@ use rcgen::{
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
+use stele_tls::Role;
+
 use crate::fsutil;
 
 pub const CA_KEY_FILE: &str = "ca.key";
 pub const CA_CERT_FILE: &str = "ca.pem";
 pub const NODE_KEY_FILE: &str = "node.key";
 pub const NODE_CERT_FILE: &str = "node.pem";
+pub const OPERATOR_KEY_FILE: &str = "operator.key";
+pub const OPERATOR_CERT_FILE: &str = "operator.pem";
+/// Validity of a new cell CA, and of the certificates it issues by
+/// default, in days.
+pub const CA_DAYS: u32 = 3650;
+pub const DAYS_DEFAULT: u32 = 365;
+pub const DAYS_MAX: u32 = 3650;
 
 /// The DNS suffix of node names in certificates: `node-<id>.stele`.
 const NODE_NAME_PREFIX: &str = "node-";
@@ -70,7 +79,11 @@ pub enum Error {
     BadRequest { path: PathBuf, reason: String },
     #[error("node id {0}: node ids are 1..65535")]
     BadNodeId(u64),
-    #[error("--days {0}: a certificate is valid for 1 to {max} days", max = crate::cert_request::DAYS_MAX)]
+    #[error(transparent)]
+    BadRole(#[from] stele_tls::roles::RoleError),
+    #[error("a certificate names an operator or server roles, not both; and at least one role")]
+    MixedRoles,
+    #[error("--days {0}: a certificate is valid for 1 to {max} days", max = DAYS_MAX)]
     BadValidity(u32),
     #[error("{}: a key already exists; refusing to replace it (remove it to start over)", .path.display())]
     KeyExists { path: PathBuf },
@@ -104,17 +117,10 @@ pub fn node_dns_name(node_id: u64) -> String {
 
 /// Parses `node-<id>.stele`; `None` for any other name.
 pub fn parse_node_dns_name(name: &str) -> Option<u64> {
-    let digits = name
-        .strip_prefix(NODE_NAME_PREFIX)?
-        .strip_suffix(NODE_NAME_SUFFIX)?;
-    // Reject "+1", "01" and the like so that one id has one spelling.
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
+    match Role::parse(name) {
+        Some(Role::Node(id)) => Some(id),
+        _ => None,
     }
-    if digits.len() > 1 && digits.starts_with('0') {
-        return None;
-    }
-    digits.parse().ok()
 }
 
 /// The node id named by a DER certificate's `node-<id>.stele` DNS name.
@@ -172,6 +178,7 @@ impl CellCa {
         dn.push(DnType::CommonName, "Stele cell CA");
         params.distinguished_name = dn;
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        set_validity(&mut params, CA_DAYS);
         params.key_usages = vec![
             KeyUsagePurpose::KeyCertSign,
             KeyUsagePurpose::CrlSign,
@@ -216,8 +223,14 @@ impl CellCa {
 
     /// Issues a node certificate; returns `(cert_pem, key_pem)`.
     pub fn issue_pem(&self, node_id: u64) -> Result<(String, String)> {
+        self.issue_roles_pem(&[Role::Node(node_id)], DAYS_DEFAULT)
+    }
+
+    /// Issues a certificate naming `roles`, valid for `days`; returns
+    /// `(cert_pem, key_pem)`.
+    pub fn issue_roles_pem(&self, roles: &[Role], days: u32) -> Result<(String, String)> {
         let key = KeyPair::generate()?;
-        let params = node_params(node_id)?;
+        let params = role_params(roles, days)?;
         let issuer = self.issuer()?;
         let cert = params.signed_by(&key, &issuer)?;
         Ok((cert.pem(), key.serialize_pem()))
@@ -249,31 +262,62 @@ impl CellCa {
     }
 }
 
-/// What a node certificate says: its names (`node-<id>.stele`, `localhost`,
-/// `127.0.0.1`), not a CA, server and client authentication. The CA decides
-/// these, whatever a signing request asks for.
-pub(crate) fn node_params(node_id: u64) -> Result<CertificateParams> {
+/// What a certificate for `roles` says: one DNS name per role
+/// (`stele_tls::roles`), valid from an hour ago (clocks a little behind
+/// the CA's) for `days`. Server roles (node, controller, directory) may be
+/// combined, get server and client authentication, and `localhost` and
+/// `127.0.0.1` for development; an operator certificate is for client
+/// authentication only and names nothing else.
+pub fn role_params(roles: &[Role], days: u32) -> Result<CertificateParams> {
+    if days == 0 || days > DAYS_MAX {
+        return Err(Error::BadValidity(days));
+    }
+    for role in roles {
+        role.validate()?;
+    }
+    let operators = roles.iter().filter(|r| !r.serves()).count();
+    if roles.is_empty() || (operators > 0 && roles.len() > 1) {
+        return Err(Error::MixedRoles);
+    }
+    let server = operators == 0;
     let mut params = CertificateParams::default();
-
     let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, node_dns_name(node_id));
+    dn.push(DnType::CommonName, roles[0].dns_name());
     params.distinguished_name = dn;
-    params.subject_alt_names = vec![
-        SanType::DnsName(node_dns_name(node_id).try_into()?),
-        SanType::DnsName("localhost".try_into()?),
-        SanType::IpAddress(std::net::Ipv4Addr::LOCALHOST.into()),
-    ];
+    params.subject_alt_names = roles
+        .iter()
+        .map(|r| Ok(SanType::DnsName(r.dns_name().try_into()?)))
+        .collect::<Result<Vec<_>>>()?;
+    if server {
+        params
+            .subject_alt_names
+            .push(SanType::DnsName("localhost".try_into()?));
+        params
+            .subject_alt_names
+            .push(SanType::IpAddress(std::net::Ipv4Addr::LOCALHOST.into()));
+    }
     params.is_ca = IsCa::ExplicitNoCa;
     params.key_usages = vec![
         KeyUsagePurpose::DigitalSignature,
         KeyUsagePurpose::KeyEncipherment,
     ];
-    params.extended_key_usages = vec![
-        ExtendedKeyUsagePurpose::ServerAuth,
-        ExtendedKeyUsagePurpose::ClientAuth,
-    ];
+    params.extended_key_usages = if server {
+        vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ]
+    } else {
+        vec![ExtendedKeyUsagePurpose::ClientAuth]
+    };
     params.use_authority_key_identifier_extension = true;
+    set_validity(&mut params, days);
     Ok(params)
+}
+
+fn set_validity(params: &mut CertificateParams, days: u32) {
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::hours(1);
+    params.not_after = now + time::Duration::days(i64::from(days));
 }
 
 /// Creates a cell CA in `dir` (`ca.key`, mode 0600, and `ca.pem`). Refuses
@@ -295,11 +339,25 @@ pub fn init_ca(dir: &Path) -> Result<()> {
 /// `node.key` (0600), `node.pem` and a copy of `ca.pem` to `out_dir`.
 /// Re-issuing replaces the node's previous certificate and key.
 pub fn issue_node(ca_dir: &Path, node_id: u64, out_dir: &Path) -> Result<()> {
+    issue(ca_dir, &[Role::Node(node_id)], DAYS_DEFAULT, out_dir)
+}
+
+/// Issues a certificate for `roles` (valid `days`) with the CA in
+/// `ca_dir`: `node.pem` + `node.key` (0600) for server roles, or
+/// `operator.pem` + `operator.key` for an operator, and a copy of
+/// `ca.pem`, into `out_dir`. Checks the roles before anything is written.
+pub fn issue(ca_dir: &Path, roles: &[Role], days: u32, out_dir: &Path) -> Result<()> {
+    role_params(roles, days)?;
     let ca = CellCa::load(ca_dir)?;
-    let (cert_pem, key_pem) = ca.issue_pem(node_id)?;
+    let (cert_pem, key_pem) = ca.issue_roles_pem(roles, days)?;
+    let (cert_file, key_file) = if roles.iter().all(Role::serves) {
+        (NODE_CERT_FILE, NODE_KEY_FILE)
+    } else {
+        (OPERATOR_CERT_FILE, OPERATOR_KEY_FILE)
+    };
     fsutil::create_dir_durable(out_dir).map_err(|e| Error::io(out_dir, e))?;
-    write_file(&out_dir.join(NODE_KEY_FILE), key_pem.as_bytes(), true)?;
-    write_file(&out_dir.join(NODE_CERT_FILE), cert_pem.as_bytes(), false)?;
+    write_file(&out_dir.join(key_file), key_pem.as_bytes(), true)?;
+    write_file(&out_dir.join(cert_file), cert_pem.as_bytes(), false)?;
     write_file(&out_dir.join(CA_CERT_FILE), ca.cert_pem.as_bytes(), false)
 }
 

@@ -28,6 +28,8 @@ pub struct DirectoryLink {
     pub cell: String,
     /// Per directory call (and per connection attempt).
     pub timeout: Duration,
+    /// For `https://` members: the CA (and this node's certificate).
+    pub tls: Option<stele_tls::ClientTls>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -144,7 +146,7 @@ impl Ownership {
 /// request path: one pass over the members, `link.timeout` per call and per
 /// connection, no waiting through an election.
 fn directory(link: &DirectoryLink) -> Result<DirectoryAdmin, stele_client::Error> {
-    let mut d = DirectoryAdmin::new(link.endpoints.clone())?;
+    let mut d = DirectoryAdmin::with_tls(link.endpoints.clone(), link.tls.clone())?;
     d.request_timeout = link.timeout;
     d.connect_timeout = link.timeout;
     d.rounds_max = 1;

@@ -92,6 +92,11 @@ impl HostPort {
         format!("http://{self}")
     }
 
+    /// `https://HOST:PORT`, a gRPC endpoint over TLS.
+    pub fn https_url(&self) -> String {
+        format!("https://{self}")
+    }
+
     /// Reads the `HOST:PORT` of an `http://` or `https://` endpoint URL
     /// (a trailing `/` allowed, nothing else after the port).
     pub fn from_url(url: &str) -> Result<HostPort> {

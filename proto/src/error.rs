@@ -58,6 +58,8 @@ pub enum Error {
         cell: String,
         controllers: Vec<String>,
     },
+    #[error("permission denied: {reason}")]
+    PermissionDenied { reason: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -79,7 +81,8 @@ impl Error {
             | Error::NamespaceNotFound { .. }
             // Nothing this cell can do: the caller resolves the namespace
             // again through the directory (the cross-cell client does).
-            | Error::WrongCell { .. } => ErrorKind::Refuse,
+            | Error::WrongCell { .. }
+            | Error::PermissionDenied { .. } => ErrorKind::Refuse,
         }
     }
 
@@ -92,6 +95,7 @@ impl Error {
             Error::TooLarge { .. } | Error::InvalidArgument { .. } => Code::InvalidArgument,
             Error::StorageFull { .. } => Code::ResourceExhausted,
             Error::ConditionFailed { .. } => Code::Aborted,
+            Error::PermissionDenied { .. } => Code::PermissionDenied,
             Error::TooStale { .. } | Error::Unavailable { .. } | Error::Incomplete { .. } => {
                 Code::Unavailable
             }
@@ -150,6 +154,9 @@ impl Error {
                 cell,
                 controllers,
             }),
+            Error::PermissionDenied { reason } => {
+                Kind::PermissionDenied(pb::PermissionDenied { reason })
+            }
         }
     }
 
@@ -193,6 +200,7 @@ impl Error {
                 cell: d.cell,
                 controllers: d.controllers,
             },
+            Kind::PermissionDenied(d) => Error::PermissionDenied { reason: d.reason },
         }
     }
 
@@ -205,6 +213,11 @@ impl Error {
             return Error::from_detail(kind);
         }
         match status.code() {
+            // The authorization layer answers before any service, without
+            // details.
+            Code::PermissionDenied | Code::Unauthenticated => Error::PermissionDenied {
+                reason: status.message().to_string(),
+            },
             Code::InvalidArgument | Code::OutOfRange | Code::Unimplemented => {
                 Error::InvalidArgument {
                     field: "request".into(),
@@ -234,6 +247,9 @@ mod tests {
     #[test]
     fn every_error_round_trips_through_a_status() {
         let cases = vec![
+            Error::PermissionDenied {
+                reason: "needs an operator certificate".into(),
+            },
             Error::NotLeader {
                 leader_node: Some(3),
                 leader_endpoint: "http://127.0.0.1:1".into(),

@@ -147,6 +147,20 @@ impl<S: QuorumState> Quorum<S> {
     /// Opens (or creates) the group's storage in `dir` and starts this
     /// member. A new group does nothing until [`Quorum::initialize`].
     pub async fn open(dir: &Path, id: u64, state: S, timing: &QuorumTiming) -> Result<Quorum<S>> {
+        Quorum::open_with(dir, id, state, timing, None, stele_tls::Kind::Controller).await
+    }
+
+    /// Like [`Quorum::open`], reaching the other members over TLS with
+    /// `tls` (for `https://` members) and expecting each to present a
+    /// certificate of kind `expect`.
+    pub async fn open_with(
+        dir: &Path,
+        id: u64,
+        state: S,
+        timing: &QuorumTiming,
+        tls: Option<stele_tls::ClientTls>,
+        expect: stele_tls::Kind,
+    ) -> Result<Quorum<S>> {
         let store = Store::open(dir)?;
         let state = Arc::new(RwLock::new(state));
         let machine = Machine::<S>::recover(store.clone(), state.clone())?;
@@ -166,7 +180,13 @@ impl<S: QuorumState> Quorum<S> {
             ..Default::default()
         }
         .validate()?;
-        let raft = openraft::Raft::new(id, Arc::new(config), Network, store, machine).await?;
+        let raft = openraft::Raft::new(
+            id,
+            Arc::new(config),
+            Network { tls, expect },
+            store,
+            machine,
+        ).await?;
         Ok(Quorum { id, raft, state })
     }
 

@@ -29,12 +29,8 @@ const SNAPSHOT_TIMEOUT_MIN: Duration = Duration::from_secs(10);
 /// Why a message to a peer got no usable reply.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum Error {
-    #[error("peer endpoint {endpoint:?} is not a valid URL: {source}")]
-    Endpoint {
-        endpoint: String,
-        #[source]
-        source: tonic::transport::Error,
-    },
+    #[error("peer endpoint: {0}")]
+    Endpoint(#[source] stele_tls::Error),
     #[error("peer {endpoint}: {}", status.message())]
     Status {
         endpoint: String,
@@ -60,12 +56,18 @@ pub(crate) enum Error {
     },
 }
 
+/// How members reach each other: TLS with the member's certificate
+/// (expecting a member of `expect`'s kind to answer), or plaintext.
 #[derive(Clone)]
-pub(crate) struct Network;
+pub(crate) struct Network {
+    pub(crate) tls: Option<stele_tls::ClientTls>,
+    pub(crate) expect: stele_tls::Kind,
+}
 
 /// A client to one peer member, connected lazily and reconnected on error.
 pub(crate) struct Peer {
     endpoint: String,
+    network: Network,
     client: Option<pb::quorum_client::QuorumClient<tonic::transport::Channel>>,
 }
 
@@ -75,6 +77,7 @@ impl RaftNetworkFactory<C> for Network {
     async fn new_client(&mut self, _target: u64, node: &BasicNode) -> Peer {
         Peer {
             endpoint: node.addr.clone(),
+            network: self.clone(),
             client: None,
         }
     }
@@ -85,14 +88,15 @@ impl Peer {
         &mut self,
     ) -> Result<&mut pb::quorum_client::QuorumClient<tonic::transport::Channel>, Error> {
         if self.client.is_none() {
-            let ep = tonic::transport::Endpoint::from_shared(self.endpoint.clone())
-                .map_err(|source| Error::Endpoint {
-                    endpoint: self.endpoint.clone(),
-                    source,
-                })?
-                .connect_timeout(CONNECT_TIMEOUT);
+            let channel = stele_tls::channel(
+                &self.endpoint,
+                self.network.tls.as_ref(),
+                self.network.expect,
+                CONNECT_TIMEOUT,
+            )
+            .map_err(Error::Endpoint)?;
             self.client = Some(
-                pb::quorum_client::QuorumClient::new(ep.connect_lazy())
+                pb::quorum_client::QuorumClient::new(channel)
                     .max_decoding_message_size(MESSAGE_BYTES_MAX)
                     .max_encoding_message_size(MESSAGE_BYTES_MAX),
             );

@@ -63,5 +63,5 @@ pub async fn run(mut a: DevArgs) -> anyhow::Result<()> {
     let mut o = node_options(a.data_dir, 1, a.tablets, String::new(), &a.tuning);
     o.tier = a.tuning.cold.open()?;
     let listen = crate::addresses::Endpoint::new(crate::addresses::CLIENT, a.listen.into(), None)?;
-    run_server(o, listen, "dev", None, ControlRoles::node_only()).await
+    run_server(o, listen, "dev", None, ControlRoles::node_only(), None).await
 }

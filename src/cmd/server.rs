@@ -121,9 +121,14 @@ pub struct ServerArgs {
     /// Client endpoints of the other nodes, for leader hints: `ID=URL,...`.
     #[arg(long, value_delimiter = ',', value_parser = parse_id_pair)]
     peer_endpoints: Vec<(u64, String)>,
-    /// This node's certificate directory (node.key, node.pem, ca.pem).
+    /// This process's certificate directory: node.pem (naming each of its
+    /// roles), node.key, ca.pem. With it, the gRPC listener is TLS.
     #[arg(long)]
     certs: Option<PathBuf>,
+    /// Serve gRPC in plaintext even off loopback (no TLS, no caller
+    /// identities: anyone who reaches the port may call every API).
+    #[arg(long)]
+    insecure_plaintext: bool,
     #[command(flatten)]
     tuning: Tuning,
 }
@@ -153,6 +158,23 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
     {
         anyhow::bail!("unknown role {bad:?}: want node, controller, directory");
     }
+    let mut want = Vec::new();
+    if a.roles.iter().any(|r| r == "directory") {
+        want.push(stele_tls::Role::Directory(a.directory_id));
+    }
+    if is_node {
+        want.push(stele_tls::Role::Node(a.node_id));
+    }
+    if is_controller {
+        want.push(stele_tls::Role::Controller(a.controller_id));
+    }
+    let tls = crate::security::server_credentials(
+        a.certs.as_deref(),
+        a.insecure_plaintext,
+        &a.listen,
+        &want,
+    )?;
+    let client_tls = crate::security::client_of(&tls);
     if let Some(h) = &a.http_listen {
         let bound = crate::http::spawn(h).await?;
         eprintln!("stele: HTTP status (/healthz, /readyz) on {bound}");
@@ -168,12 +190,13 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
         );
         let mut d = stele_directory::DirectoryOptions::new(a.directory_id, a.data_dir.clone());
         d.auto_create = a.auto_create_namespaces;
+        d.tls = client_tls;
         if let Some(b) = a.tuning.cold.bucket()? {
             let mut backup = stele_directory::backup::DirectoryBackup::new(b.directory);
             backup.interval = Duration::from_millis(a.control_backup_ms);
             d.backup = Some(backup);
         }
-        return run_directory(d, listen).await;
+        return run_directory(d, listen, tls).await;
     }
     let controller = if is_controller {
         anyhow::ensure!(
@@ -181,6 +204,7 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
             "the controller role needs --controller-id"
         );
         let mut co = controller_options(&a);
+        co.tls = client_tls.clone();
         if let Some(b) = a.tuning.cold.bucket()? {
             let mut backup =
                 stele_controller::backup::ControlBackup::new(b.controller, &a.tuning.cold.cell_id);
@@ -201,6 +225,7 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
         capacity: a.capacity,
         interval: Duration::from_millis(a.heartbeat_ms),
         catch_up: Duration::from_secs(60),
+        tls: client_tls.clone(),
     });
     let roles = ControlRoles {
         controller,
@@ -219,6 +244,7 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
             endpoints: a.directory.clone(),
             cell: a.tuning.cold.cell_id.clone(),
             timeout: Duration::from_secs(2),
+            tls: client_tls.clone(),
         });
     }
     if is_node {
@@ -240,11 +266,12 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
                 certs,
             }),
             roles,
+            tls,
         )
         .await;
     }
     if !is_node {
-        return run_server(o, listen, "controller", None, roles).await;
+        return run_server(o, listen, "controller", None, roles, tls).await;
     }
     let peering = if a.peers.is_empty() {
         None
@@ -275,7 +302,7 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
             certs,
         })
     };
-    run_server(o, listen, "server", peering, roles).await
+    run_server(o, listen, "server", peering, roles, tls).await
 }
 
 /// The controller role's options from the flags.

@@ -60,6 +60,7 @@ pub async fn serve_on(
         Vec::new(),
         None,
         listener,
+        None,
         cancel,
     )
     .await
@@ -68,13 +69,16 @@ pub async fn serve_on(
 /// Serves the data API (when this process is a node) together with
 /// `extra` services (the controller's, when it is one) on one port. gRPC
 /// health reports "", `stele.v1.Data` (with a data API) and `extra_names`
-/// as `serving` says, until `cancel`.
+/// as `serving` says, until `cancel`. With `secure`, every connection is
+/// TLS and every call passes the authorization layer first
+/// (`stele_tls::auth`); without, plaintext and unchecked.
 pub async fn serve_with(
     service: Option<DataService>,
     extra: tonic::service::Routes,
     extra_names: Vec<&'static str>,
     serving: Option<watch::Receiver<Serving>>,
     listener: tokio::net::TcpListener,
+    secure: Option<stele_tls::server::Secure>,
     cancel: CancellationToken,
 ) -> crate::Result<()> {
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
@@ -140,13 +144,25 @@ pub async fn serve_with(
             });
         }
     }
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    tonic::transport::Server::builder()
-        .timeout(Duration::from_secs(60))
-        .add_routes(routes)
-        .serve_with_incoming_shutdown(incoming, cancel.cancelled())
-        .await
-        .map_err(|e| crate::Error::Serve {
+    let mut builder = tonic::transport::Server::builder().timeout(Duration::from_secs(60));
+    let served = match secure {
+        None => {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            builder
+                .add_routes(routes)
+                .serve_with_incoming_shutdown(incoming, cancel.cancelled())
+                .await
+        }
+        Some(secure) => {
+            let incoming = stele_tls::server::incoming(listener, secure.config, cancel.clone());
+            builder
+                .layer(stele_tls::AuthLayer::new(secure.policy))
+                .add_routes(routes)
+                .serve_with_incoming_shutdown(incoming, cancel.cancelled())
+                .await
+        }
+    };
+    served.map_err(|e| crate::Error::Serve {
             what: "gRPC data API",
             reason: e.to_string(),
         })

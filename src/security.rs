@@ -1,0 +1,149 @@
+//! TLS for a server process's gRPC listener, and for the CLI's calls.
+//!
+//! ```text
+//! stele server
+//!   --certs DIR                    TLS: DIR/node.pem + node.key (this process's
+//!                                  certificate, naming each of its roles), ca.pem
+//!   no --certs, --listen loopback  plaintext (a single process on one host)
+//!   --insecure-plaintext           plaintext anywhere, logged as a warning
+//!   no --certs, not loopback       refused at start
+//! CLI (every command that calls a cell)
+//!   --certs-dir DIR / STELE_CERTS_DIR   DIR/ca.pem, and DIR/operator.pem +
+//!                                       operator.key when present
+//! ```
+//!
+//! A TLS server reloads its certificate, key and roots when a file
+//! changes or on SIGHUP (`stele_tls::creds`).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use stele_proto::addr::{Host, HostPort};
+use stele_tls::{ClientTls, Credentials, Files, Role};
+use tokio_util::sync::CancellationToken;
+
+/// The file stem of a server process's certificate in its `--certs` dir.
+pub const SERVER_STEM: &str = "node";
+/// The file stem of an operator's certificate in `--certs-dir`.
+pub const OPERATOR_STEM: &str = "operator";
+/// How often a server checks its certificate files for a change.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// Whether an address is this host's alone (plaintext is allowed there).
+pub fn is_loopback(listen: &HostPort) -> bool {
+    match &listen.host {
+        Host::Ip(ip) => ip.is_loopback(),
+        Host::Name(n) => n == "localhost",
+    }
+}
+
+/// The credentials of a server process's gRPC listener: `Some` for TLS,
+/// `None` for plaintext. Refuses plaintext off loopback unless
+/// `insecure_plaintext`, and a certificate that lacks one of `roles`.
+pub fn server_credentials(
+    certs: Option<&Path>,
+    insecure_plaintext: bool,
+    listen: &HostPort,
+    roles: &[Role],
+) -> anyhow::Result<Option<Arc<Credentials>>> {
+    if insecure_plaintext {
+        if is_loopback(listen) {
+            tracing::info!(%listen, "gRPC listener is plaintext (--insecure-plaintext)");
+        } else {
+            tracing::warn!(%listen, "INSECURE: gRPC listener is plaintext on a non-loopback address (--insecure-plaintext): anyone who reaches it may call every API");
+            eprintln!(
+                "stele: WARNING: --insecure-plaintext: the gRPC listener {listen} takes unauthenticated plaintext calls"
+            );
+        }
+        return Ok(None);
+    }
+    let Some(dir) = certs else {
+        anyhow::ensure!(
+            is_loopback(listen),
+            "refusing a plaintext gRPC listener on {listen}: give --certs DIR (TLS; see `stele cert`) or --insecure-plaintext"
+        );
+        return Ok(None);
+    };
+    let creds = Credentials::load(Files::in_dir(dir, SERVER_STEM))
+        .with_context(|| format!("load TLS credentials from {}", dir.display()))?;
+    let have = creds.roles();
+    for role in roles {
+        anyhow::ensure!(
+            have.contains(role),
+            "the certificate in {} does not name {role} (it names {}); issue one with `stele cert issue`",
+            dir.display(),
+            have.iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    Ok(Some(creds))
+}
+
+/// Keeps `creds` current: reloads on a file change or SIGHUP, until
+/// `cancel`.
+pub fn keep_fresh(creds: &Arc<Credentials>, cancel: &CancellationToken) {
+    stele_tls::creds::watch(creds.clone(), WATCH_EVERY, cancel.clone());
+    let creds = creds.clone();
+    let cancel = cancel.clone();
+    tokio::spawn(async move {
+        let Ok(mut hup) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        else {
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                got = hup.recv() => if got.is_none() { return },
+            }
+            match creds.reload() {
+                Ok(()) => eprintln!("stele: SIGHUP: TLS credentials reloaded"),
+                Err(e) => eprintln!("stele: SIGHUP: TLS credentials not reloaded: {e:#}"),
+            }
+        }
+    });
+}
+
+/// The client side of the same credentials (a server calling its peers,
+/// controllers or the directory).
+pub fn client_of(creds: &Option<Arc<Credentials>>) -> Option<ClientTls> {
+    creds.as_ref().map(|c| ClientTls::new(c.clone()))
+}
+
+/// The CLI's TLS: `DIR/ca.pem`, with `DIR/operator.pem` + `operator.key`
+/// when both exist.
+pub fn cli_tls(dir: Option<&PathBuf>) -> anyhow::Result<Option<ClientTls>> {
+    let Some(dir) = dir else {
+        return Ok(None);
+    };
+    let identity = Files::in_dir(dir, OPERATOR_STEM);
+    let files = match &identity.cert {
+        Some((c, k)) if c.exists() && k.exists() => identity,
+        _ => Files::roots_only(dir),
+    };
+    let creds = Credentials::load(files)
+        .with_context(|| format!("load TLS credentials from {}", dir.display()))?;
+    Ok(Some(ClientTls::new(creds)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plaintext_only_on_loopback_or_when_told() {
+        let hp = |s: &str| s.parse::<HostPort>().unwrap();
+        for ok in ["127.0.0.1:1", "[::1]:1", "localhost:1"] {
+            assert!(server_credentials(None, false, &hp(ok), &[]).unwrap().is_none());
+        }
+        for bad in ["0.0.0.0:1", "10.1.2.3:1", "node1:1", "[::]:1"] {
+            let e = server_credentials(None, false, &hp(bad), &[]).unwrap_err();
+            assert!(e.to_string().contains("--insecure-plaintext"), "{e}");
+            assert!(server_credentials(None, true, &hp(bad), &[]).unwrap().is_none());
+        }
+    }
+}
