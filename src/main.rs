@@ -26,6 +26,10 @@ use clap::Subcommand;
     about = "Stele: a Raft-replicated, multi-tablet storage cluster"
 )]
 struct Cli {
+    /// TLS for the commands that call a cell: DIR/ca.pem (the cell CA) and,
+    /// when present, DIR/operator.pem + operator.key (the operator API).
+    #[arg(long, env = "STELE_CERTS_DIR")]
+    certs_dir: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -105,6 +109,7 @@ fn run() -> anyhow::Result<()> {
         .init();
     // `stele server` also reads STELE_* variables and --config (config.rs).
     let cli: Cli = config::parse_cli()?;
+    security::set_cli(cli.certs_dir.as_deref())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

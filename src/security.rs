@@ -15,14 +15,15 @@
 //! A TLS server reloads its certificate, key and roots when a file
 //! changes or on SIGHUP (`stele_tls::creds`).
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::Context;
 use stele_proto::addr::{Host, HostPort};
 use stele_tls::{ClientTls, Credentials, Files, Role};
 use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
 
 /// The file stem of a server process's certificate in its `--certs` dir.
 pub const SERVER_STEM: &str = "node";
@@ -114,9 +115,41 @@ pub fn client_of(creds: &Option<Arc<Credentials>>) -> Option<ClientTls> {
     creds.as_ref().map(|c| ClientTls::new(c.clone()))
 }
 
-/// The CLI's TLS: `DIR/ca.pem`, with `DIR/operator.pem` + `operator.key`
-/// when both exist.
-pub fn cli_tls(dir: Option<&PathBuf>) -> anyhow::Result<Option<ClientTls>> {
+/// The CLI's TLS settings, set once at start ([`set_cli`]).
+static CLI_TLS: OnceLock<Option<ClientTls>> = OnceLock::new();
+
+/// Loads the CLI's TLS from `--certs-dir` / `STELE_CERTS_DIR`: `DIR/ca.pem`,
+/// with `DIR/operator.pem` + `operator.key` when both exist.
+pub fn set_cli(dir: Option<&Path>) -> anyhow::Result<()> {
+    let tls = cli_tls(dir)?;
+    let _ = CLI_TLS.set(tls);
+    Ok(())
+}
+
+/// The CLI's TLS settings (none without `--certs-dir`).
+pub fn cli() -> Option<ClientTls> {
+    CLI_TLS.get().cloned().flatten()
+}
+
+/// Client options of a CLI command: defaults, with the CLI's TLS.
+pub fn cli_options() -> stele_client::ClientOptions {
+    stele_client::ClientOptions {
+        tls: cli(),
+        ..Default::default()
+    }
+}
+
+/// A lazily connected channel from the CLI to one member of kind `kind`.
+pub fn cli_channel(endpoint: &str, kind: stele_tls::Kind) -> anyhow::Result<Channel> {
+    Ok(stele_tls::channel(
+        endpoint,
+        cli().as_ref(),
+        kind,
+        Duration::from_secs(2),
+    )?)
+}
+
+fn cli_tls(dir: Option<&Path>) -> anyhow::Result<Option<ClientTls>> {
     let Some(dir) = dir else {
         return Ok(None);
     };

@@ -56,7 +56,7 @@ impl GlobalClient {
     pub fn new(directory: &[String], opts: ClientOptions) -> Result<GlobalClient> {
         Ok(GlobalClient {
             inner: Arc::new(Inner {
-                directory: DirectoryAdmin::new(directory.to_vec())?,
+                directory: DirectoryAdmin::with_tls(directory.to_vec(), opts.tls.clone())?,
                 opts,
                 create_if_missing: false,
                 namespaces: RwLock::new(HashMap::new()),

@@ -390,6 +390,9 @@ impl Cell {
         let child = Command::new(&self.spec.bin)
             .args(["server", "--roles", "controller", "--controller-id", "1"])
             .args(["--listen", &listen])
+            // Jepsen's cell is plaintext on gRPC for now (its certificates
+            // serve node-to-node QUIC); see docs/JEPSEN.md.
+            .arg("--insecure-plaintext")
             .arg("--data-dir")
             .arg(self.dir.join("controller"))
             .args(["--lease-ms", "4000", "--repair-grace-ms", "600000"])
@@ -539,6 +542,11 @@ impl Cell {
             None => Command::new(bin),
         };
         cmd.arg("server");
+        if !self.old.contains(&n) || self.spec.old_bin.is_none() {
+            // Plaintext gRPC (see the controller); builds from before TLS
+            // take no such flag and are plaintext anyway.
+            cmd.arg("--insecure-plaintext");
+        }
         if self.spec.controlled {
             cmd.args(["--controllers", &self.controller_endpoint()])
                 .args(["--heartbeat-ms", "500"]);

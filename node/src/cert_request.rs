@@ -16,8 +16,7 @@ use std::path::Path;
 use rcgen::{CertificateSigningRequestParams, KeyPair, SanType};
 
 use crate::certs::{
-    CA_CERT_FILE, CellCa, Error, NODE_CERT_FILE, NODE_KEY_FILE, Result,
-    parse_node_dns_name, read_string, write_file,
+    CA_CERT_FILE, CellCa, Error, NODE_CERT_FILE, NODE_KEY_FILE, Result, read_string, write_file,
 };
 use crate::fsutil;
 
@@ -31,6 +30,19 @@ pub fn check_node_id(node_id: u64) -> Result<()> {
         return Err(Error::BadNodeId(node_id));
     }
     Ok(())
+}
+
+/// The node id a request's `node-<digits>.stele` name asks for, in range
+/// or not (the range is checked after, with its own message).
+fn requested_node_id(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("node-")?.strip_suffix(".stele")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    if digits.len() > 1 && digits.starts_with('0') {
+        return None;
+    }
+    digits.parse().ok()
 }
 
 /// Makes a key and a signing request for `node_id` in `out_dir`. Refuses
@@ -72,7 +84,7 @@ pub fn sign(ca_dir: &Path, csr: &Path, out_dir: &Path, days: u32) -> Result<u64>
         .subject_alt_names
         .iter()
         .filter_map(|s| match s {
-            SanType::DnsName(n) => parse_node_dns_name(n.as_str()),
+            SanType::DnsName(n) => requested_node_id(n.as_str()),
             _ => None,
         })
         .collect();

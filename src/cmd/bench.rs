@@ -14,7 +14,7 @@ use clap::Args;
 use hdrhistogram::Histogram;
 use rand::{Rng, RngCore, SeedableRng};
 use serde::Serialize;
-use stele_client::{Client, ClientOptions, RetryPolicy, record};
+use stele_client::{Client, RetryPolicy, record};
 use tokio_util::sync::CancellationToken;
 
 use super::client::{DEFAULT_ENDPOINT, now_us};
@@ -184,7 +184,7 @@ pub async fn bench_until(
     anyhow::ensure!(args.concurrency > 0, "--concurrency must be at least 1");
     anyhow::ensure!(args.batch_records > 0, "--batch-records must be at least 1");
     anyhow::ensure!(args.namespaces > 0, "--namespaces must be at least 1");
-    let mut opts = ClientOptions::default();
+    let mut opts = crate::security::cli_options();
     if let Some(budget) = args.retry_budget {
         anyhow::ensure!(!budget.is_zero(), "--retry-budget must be positive");
         opts.retry = RetryPolicy::with_budget(budget);

@@ -63,9 +63,10 @@ pub async fn run(cmd: CellCommand) -> anyhow::Result<()> {
             // Each controller names its own id.
             let mut peers = Vec::new();
             for ep in &target.controllers {
-                let mut c = pb::controller_client::ControllerClient::connect(ep.clone())
-                    .await
-                    .with_context(|| format!("controller {ep}"))?;
+                let mut c = pb::controller_client::ControllerClient::new(
+                    crate::security::cli_channel(ep, stele_tls::Kind::Controller)
+                        .with_context(|| format!("controller {ep}"))?,
+                );
                 let st = c
                     .cell_status(pb::CellStatusRequest { local: true })
                     .await
@@ -85,7 +86,7 @@ pub async fn run(cmd: CellCommand) -> anyhow::Result<()> {
             );
             // Initialize through the first; it becomes a member of the new
             // quorum and proposes the cell.
-            let first = Admin::new(vec![target.controllers[0].clone()])?;
+            let first = Admin::with_tls(vec![target.controllers[0].clone()], crate::security::cli())?;
             let req = pb::InitRequest {
                 controllers: peers.clone(),
                 tablets,
@@ -123,7 +124,7 @@ pub async fn run(cmd: CellCommand) -> anyhow::Result<()> {
         }
         CellCommand::Status { target, local } => {
             let a = if local {
-                Admin::new(target.controllers[..1].to_vec())?
+                Admin::with_tls(target.controllers[..1].to_vec(), crate::security::cli())?
             } else {
                 admin(&target)?
             };

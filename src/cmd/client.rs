@@ -5,7 +5,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use stele_client::{Client, ClientOptions, Position};
+use stele_client::{Client, Position};
 
 /// Where a local node listens by default.
 pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:7450";
@@ -37,11 +37,11 @@ pub async fn client_for(
     namespace: &str,
 ) -> anyhow::Result<Client> {
     if directory.is_empty() {
-        return Client::connect(endpoint, ClientOptions::default())
+        return Client::connect(endpoint, crate::security::cli_options())
             .await
             .with_context(|| format!("connecting to {endpoint}"));
     }
-    let global = stele_client::GlobalClient::new(directory, ClientOptions::default())?
+    let global = stele_client::GlobalClient::new(directory, crate::security::cli_options())?
         .create_if_missing(true);
     global
         .cell(namespace)

@@ -19,5 +19,8 @@ pub struct Target {
 
 /// A leader-following admin client of the target's controllers.
 pub fn admin(t: &Target) -> anyhow::Result<Admin> {
-    Ok(Admin::new(t.controllers.clone())?)
+    Ok(Admin::with_tls(
+        t.controllers.clone(),
+        crate::security::cli(),
+    )?)
 }

@@ -40,7 +40,19 @@ pub enum DirectoryCommand {
 
 /// A leader-following admin client of the target's directory members.
 pub fn dir(t: &DirTarget) -> anyhow::Result<DirectoryAdmin> {
-    Ok(DirectoryAdmin::new(t.directory.clone())?)
+    Ok(DirectoryAdmin::with_tls(
+        t.directory.clone(),
+        crate::security::cli(),
+    )?)
+}
+
+/// A client of one directory member (not the leader-following one).
+fn member(
+    ep: &str,
+) -> anyhow::Result<pb::directory_client::DirectoryClient<tonic::transport::Channel>> {
+    let ch = crate::security::cli_channel(ep, stele_tls::Kind::Directory)
+        .with_context(|| format!("directory member {ep}"))?;
+    Ok(pb::directory_client::DirectoryClient::new(ch))
 }
 
 pub async fn run(cmd: DirectoryCommand) -> anyhow::Result<()> {
@@ -49,9 +61,7 @@ pub async fn run(cmd: DirectoryCommand) -> anyhow::Result<()> {
             // Each member names its own id.
             let mut members = Vec::new();
             for ep in &target.directory {
-                let mut c = pb::directory_client::DirectoryClient::connect(ep.clone())
-                    .await
-                    .with_context(|| format!("directory member {ep}"))?;
+                let mut c = member(ep)?;
                 let st = c
                     .directory_status(pb::DirectoryStatusRequest { local: true })
                     .await
@@ -65,8 +75,7 @@ pub async fn run(cmd: DirectoryCommand) -> anyhow::Result<()> {
             let req = pb::DirectoryInitRequest {
                 members: members.clone(),
             };
-            let mut first =
-                pb::directory_client::DirectoryClient::connect(target.directory[0].clone()).await?;
+            let mut first = member(&target.directory[0])?;
             let resp = first.directory_init(req).await?.into_inner();
             let ids: Vec<u64> = members.iter().map(|m| m.id).collect();
             if target.json {
@@ -81,8 +90,7 @@ pub async fn run(cmd: DirectoryCommand) -> anyhow::Result<()> {
         DirectoryCommand::Status { target, local } => {
             let req = pb::DirectoryStatusRequest { local };
             let s = if local {
-                pb::directory_client::DirectoryClient::connect(target.directory[0].clone())
-                    .await?
+                member(&target.directory[0])?
                     .directory_status(req)
                     .await?
                     .into_inner()

@@ -30,9 +30,8 @@ pub async fn show(target: &Target) -> anyhow::Result<()> {
         .await?;
     let mut controllers = Vec::new();
     for peer in &status.controllers {
-        let st = match pb::controller_client::ControllerClient::connect(peer.endpoint.clone()).await
-        {
-            Ok(mut c) => c
+        let st = match crate::security::cli_channel(&peer.endpoint, stele_tls::Kind::Controller) {
+            Ok(ch) => pb::controller_client::ControllerClient::new(ch)
                 .cell_status(pb::CellStatusRequest { local: true })
                 .await
                 .map(|r| r.into_inner())

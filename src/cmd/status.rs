@@ -4,7 +4,7 @@ use std::io::Write;
 
 use anyhow::Context;
 use clap::Args;
-use stele_client::{Client, ClientOptions};
+use stele_client::Client;
 
 use super::client::DEFAULT_ENDPOINT;
 
@@ -20,7 +20,7 @@ pub struct StatusArgs {
 }
 
 pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
-    let client = Client::connect(&args.endpoint, ClientOptions::default())
+    let client = Client::connect(&args.endpoint, crate::security::cli_options())
         .await
         .with_context(|| format!("connect {}", args.endpoint))?;
     let s = client.status_at(&args.endpoint).await?;

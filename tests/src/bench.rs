@@ -27,6 +27,7 @@ pub fn start_bench(endpoint: &str, duration: &str, concurrency: usize) -> Child 
             "--duration",
             duration,
         ])
+        .env("STELE_CERTS_DIR", &crate::tls::test_ca().operator)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

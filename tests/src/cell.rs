@@ -9,7 +9,6 @@ use std::time::Duration;
 use stele_client::ClientOptions;
 use stele_client::retry::RetryPolicy;
 use stele_proto::pb;
-use stele_proto::pb::data_client::DataClient;
 
 use crate::{Proc, free_port_base, make_certs};
 
@@ -189,7 +188,7 @@ impl Cell {
 
     /// Client endpoint of node `n`.
     pub fn endpoint(&self, n: usize) -> String {
-        format!("http://127.0.0.1:{}", self.client_port(n))
+        format!("https://127.0.0.1:{}", self.client_port(n))
     }
 }
 
@@ -210,6 +209,7 @@ pub fn client_options() -> ClientOptions {
             backoff_max: Duration::from_millis(500),
         },
         request_timeout: Duration::from_secs(3),
+        tls: Some(crate::tls::client_tls()),
         ..ClientOptions::default()
     }
 }
@@ -226,9 +226,7 @@ pub async fn try_local_rows(
     endpoint: &str,
     namespace: &str,
 ) -> Result<Vec<pb::Row>, tonic::Status> {
-    let mut c = DataClient::connect(endpoint.to_string())
-        .await
-        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let mut c = crate::tls::data_client(endpoint);
     let mut out = Vec::new();
     let mut cursor = Vec::new();
     loop {
@@ -267,7 +265,7 @@ pub fn value_counts(rows: &[pb::Row]) -> HashMap<Vec<u8>, usize> {
 /// `endpoint` describes it.
 pub async fn tablet_of(endpoint: &str, namespace: &str) -> pb::TabletDescriptor {
     let (lo, _) = stele_proto::vshard::namespace_range(namespace);
-    let mut c = DataClient::connect(endpoint.to_string()).await.unwrap();
+    let mut c = crate::tls::data_client(endpoint);
     c.list_tablets(pb::ListTabletsRequest {})
         .await
         .unwrap()
@@ -280,6 +278,6 @@ pub async fn tablet_of(endpoint: &str, namespace: &str) -> pb::TabletDescriptor 
 
 /// The Status of node `endpoint`.
 pub async fn status(endpoint: &str) -> pb::StatusResponse {
-    let mut c = DataClient::connect(endpoint.to_string()).await.unwrap();
+    let mut c = crate::tls::data_client(endpoint);
     c.status(pb::StatusRequest {}).await.unwrap().into_inner()
 }

@@ -33,6 +33,10 @@ pub struct ControlledCell {
     /// The binary a process runs, by name (`ctl1`, `node2`), when not the
     /// one under test: an older build in upgrade tests.
     pub binaries: HashMap<String, PathBuf>,
+    /// Serve gRPC in plaintext (`--insecure-plaintext`; builds before TLS
+    /// take no such flag and are plaintext anyway): upgrade tests from
+    /// such builds. Otherwise every listener is TLS.
+    pub plaintext: bool,
 }
 
 impl ControlledCell {
@@ -40,6 +44,20 @@ impl ControlledCell {
     pub fn new(controllers: usize, nodes: usize) -> ControlledCell {
         let dir = tempfile::tempdir().unwrap();
         make_certs(dir.path(), nodes);
+        for c in 1..=controllers {
+            let out = dir.path().join(format!("certs-ctl{c}"));
+            let (ok, _, err) = run(&[
+                "cert",
+                "issue",
+                "--ca",
+                dir.path().join("ca").to_str().unwrap(),
+                "--controller-id",
+                &c.to_string(),
+                "--out",
+                out.to_str().unwrap(),
+            ]);
+            assert!(ok, "controller {c} certificate: {err}");
+        }
         ControlledCell {
             dir,
             controllers,
@@ -56,6 +74,25 @@ impl ControlledCell {
             election_timeout_ms: 1500,
             advertise: None,
             binaries: HashMap::new(),
+            plaintext: false,
+        }
+    }
+
+    fn scheme(&self) -> &str {
+        if self.plaintext { "http" } else { "https" }
+    }
+
+    /// The TLS flags of process `name`: its certificate, or plaintext.
+    fn tls_flags(&self, name: &str, certs: &str) -> Vec<String> {
+        if !self.plaintext {
+            let dir = self.dir.path().join(certs);
+            return vec!["--certs".into(), dir.to_str().unwrap().into()];
+        }
+        if self.binaries.contains_key(name) {
+            // An older build: plaintext, and no such flag.
+            Vec::new()
+        } else {
+            vec!["--insecure-plaintext".into()]
         }
     }
 
@@ -82,7 +119,12 @@ impl ControlledCell {
     }
 
     pub fn controller_endpoint(&self, c: usize) -> String {
-        format!("http://{}:{}", self.dial_host(), self.base + c as u16 - 1)
+        format!(
+            "{}://{}:{}",
+            self.scheme(),
+            self.dial_host(),
+            self.base + c as u16 - 1
+        )
     }
 
     /// Every controller endpoint, comma-separated (the CLI's --controllers).
@@ -104,7 +146,7 @@ impl ControlledCell {
     }
 
     pub fn node_endpoint(&self, n: usize) -> String {
-        format!("http://{}:{}", self.dial_host(), self.node_port(n))
+        format!("{}://{}:{}", self.scheme(), self.dial_host(), self.node_port(n))
     }
 
     pub fn data_dir(&self, name: &str) -> PathBuf {
@@ -124,6 +166,7 @@ impl ControlledCell {
             self.data_dir(&format!("ctl{c}")).to_str().unwrap().into(),
         ];
         args.extend(self.advertise_flags(self.base + c as u16 - 1, false));
+        args.extend(self.tls_flags(&format!("ctl{c}"), &format!("certs-ctl{c}")));
         args.extend(self.controller_flags.iter().cloned());
         let a: Vec<&str> = args.iter().map(String::as_str).collect();
         Proc::start_bin(&self.binary(&format!("ctl{c}")), &a, &[])
@@ -170,6 +213,9 @@ impl ControlledCell {
             "0".into(),
         ];
         args.extend(self.advertise_flags(self.node_port(n), true));
+        if self.plaintext {
+            args.extend(self.tls_flags(&format!("node{n}"), ""));
+        }
         args.extend(self.node_flags.iter().cloned());
         args.extend(extra.iter().map(|f| f.to_string()));
         let a: Vec<&str> = args.iter().map(String::as_str).collect();

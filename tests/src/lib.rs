@@ -8,6 +8,7 @@ pub mod bench;
 pub mod cell;
 pub mod compose;
 pub mod controlled;
+pub mod tls;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -15,17 +16,22 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+/// The workspace's target directory.
+pub fn target_dir() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root");
+    std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root.join("target"))
+}
+
 /// Path of the `stele` binary under test.
 pub fn stele_bin() -> PathBuf {
     if let Ok(p) = std::env::var("STELE_BIN") {
         return PathBuf::from(p);
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root");
-    let target = std::env::var("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| root.join("target"));
+    let target = target_dir();
     for profile in ["debug", "release"] {
         let p = target.join(profile).join("stele");
         if p.exists() {
@@ -168,11 +174,14 @@ pub async fn grpc_health(endpoint: &str, service: &str) -> Result<i32, String> {
 pub async fn health_client(
     endpoint: &str,
 ) -> Result<tonic_health::pb::health_client::HealthClient<tonic::transport::Channel>, String> {
-    let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())
-        .map_err(|e| format!("{endpoint}: {e}"))?
-        .connect()
-        .await
-        .map_err(|e| format!("connect {endpoint}: {e}"))?;
+    let tls = tls::client_tls();
+    let channel = stele_tls::channel(
+        endpoint,
+        Some(&tls),
+        stele_tls::Kind::Node,
+        Duration::from_secs(2),
+    )
+    .map_err(|e| format!("{endpoint}: {e}"))?;
     Ok(tonic_health::pb::health_client::HealthClient::new(channel))
 }
 
@@ -181,10 +190,24 @@ pub const SERVING: i32 = tonic_health::pb::health_check_response::ServingStatus:
 pub const NOT_SERVING: i32 =
     tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
 
-/// Runs `stele <args>` to completion and returns (success, stdout, stderr).
+/// Runs `stele <args>` to completion as the test operator (the test CA's
+/// `STELE_CERTS_DIR`) and returns (success, stdout, stderr).
 pub fn run(args: &[&str]) -> (bool, String, String) {
+    let dir = tls::test_ca().operator.to_str().unwrap().to_string();
+    run_env(args, &[("STELE_CERTS_DIR", &dir)])
+}
+
+/// `stele <args>` with no TLS settings at all.
+pub fn run_plain(args: &[&str]) -> (bool, String, String) {
+    run_env(args, &[])
+}
+
+/// `stele <args>` with `envs` set.
+pub fn run_env(args: &[&str], envs: &[(&str, &str)]) -> (bool, String, String) {
     let out = Command::new(stele_bin())
         .args(args)
+        .env_remove("STELE_CERTS_DIR")
+        .envs(envs.iter().copied())
         .output()
         .expect("run stele");
     (
@@ -198,7 +221,10 @@ pub fn run(args: &[&str]) -> (bool, String, String) {
 /// `dir/certs<n>`.
 pub fn make_certs(dir: &Path, nodes: usize) {
     let ca = dir.join("ca");
-    assert!(run(&["cert", "init", "--out", ca.to_str().unwrap()]).0);
+    std::fs::create_dir_all(&ca).unwrap();
+    for f in ["ca.pem", "ca.key"] {
+        std::fs::copy(tls::test_ca().ca.join(f), ca.join(f)).unwrap();
+    }
     for n in 1..=nodes {
         let out = dir.join(format!("certs{n}"));
         let (ok, _, err) = run(&[

@@ -56,7 +56,7 @@ async fn a_cell_advertising_host_names_is_reached_through_them() {
     assert_eq!(routes.len(), 4);
     for r in routes.routes() {
         assert!(
-            r.leader_endpoint.starts_with("http://localhost:"),
+            r.leader_endpoint.starts_with("https://localhost:"),
             "tablet {} routes to {:?}",
             r.tablet,
             r.leader_endpoint
@@ -73,12 +73,16 @@ async fn a_cell_advertising_host_names_is_reached_through_them() {
 
     // A heartbeat advertising what nobody can dial is refused, naming the
     // field, and registers nothing.
-    let mut ctl = pb::controller_client::ControllerClient::connect(cell.controller_endpoint(1))
-        .await
-        .unwrap();
+    // As node 1, whose certificate may heartbeat (as node 1 only).
+    let as_node = stele_tests::tls::identity(&cell.dir.path().join("certs1"));
+    let mut ctl = pb::controller_client::ControllerClient::new(stele_tests::tls::channel(
+        &cell.controller_endpoint(1),
+        &as_node,
+        stele_tls::Kind::Controller,
+    ));
     let beat = |client: &str, peer: &str| pb::HeartbeatRequest {
         node: Some(pb::NodeRegistration {
-            id: 9,
+            id: 1,
             client_endpoint: client.into(),
             peer_endpoint: peer.into(),
             ..Default::default()
@@ -133,8 +137,17 @@ async fn a_cell_advertising_host_names_is_reached_through_them() {
         3,
         "a refused heartbeat registered a node: {after:?}"
     );
+    assert!(
+        !after.iter().any(|n| n.to_string().contains("node9")),
+        "a refused heartbeat changed node 1's endpoints: {after:?}"
+    );
     // Controllers dial each other at their init endpoints: same rule.
-    let err = ctl
+    let mut op = pb::controller_client::ControllerClient::new(stele_tests::tls::channel(
+        &cell.controller_endpoint(1),
+        &stele_tests::tls::client_tls(),
+        stele_tls::Kind::Controller,
+    ));
+    let err = op
         .init(pb::InitRequest {
             controllers: vec![pb::ControllerPeer {
                 id: 1,

@@ -381,9 +381,19 @@ async fn operator_commands_under_load_and_bad_input_refused() {
     // about its id or leaves out its endpoints, garbage on the quorum's
     // Raft port, a re-init with another shape, an unknown node state.
     let ep = cell.controller_endpoint(1);
-    let mut ctl = pb::controller_client::ControllerClient::connect(ep.clone())
-        .await
-        .unwrap();
+    // As node 1 (a heartbeat needs a node's certificate): its lies about
+    // the registration are refused by the controller's own checks.
+    let as_node = stele_tests::tls::identity(&cell.dir.path().join("certs1"));
+    let mut hb = pb::controller_client::ControllerClient::new(stele_tests::tls::channel(
+        &ep,
+        &as_node,
+        stele_tls::Kind::Controller,
+    ));
+    let mut ctl = pb::controller_client::ControllerClient::new(stele_tests::tls::channel(
+        &ep,
+        &stele_tests::tls::client_tls(),
+        stele_tls::Kind::Controller,
+    ));
     let reg = |id: u64, client: &str| pb::HeartbeatRequest {
         node: Some(pb::NodeRegistration {
             id,
@@ -397,9 +407,9 @@ async fn operator_commands_under_load_and_bad_input_refused() {
         (pb::HeartbeatRequest::default(), "missing registration"),
         (reg(0, "http://x"), "node id 0"),
         (reg(1 << 16, "http://x"), "node id past 65535"),
-        (reg(9, ""), "no client endpoint"),
+        (reg(1, ""), "no client endpoint"),
     ] {
-        let err = ctl.heartbeat(req).await.expect_err(why);
+        let err = hb.heartbeat(req).await.expect_err(why);
         assert!(
             matches!(
                 stele_proto::Error::from_status(&err),
@@ -408,7 +418,13 @@ async fn operator_commands_under_load_and_bad_input_refused() {
             "{why}: {err:?}"
         );
     }
-    let mut quorum = pb::quorum_client::QuorumClient::connect(ep).await.unwrap();
+    // As controller 2 (the quorum takes Raft only from members).
+    let as_member = stele_tests::tls::identity(&cell.dir.path().join("certs-ctl2"));
+    let mut quorum = pb::quorum_client::QuorumClient::new(stele_tests::tls::channel(
+        &ep,
+        &as_member,
+        stele_tls::Kind::Controller,
+    ));
     for body in [vec![], vec![0xff; 64], b"\xa2av\x01cmsg\x00".to_vec()] {
         let reply = quorum
             .raft(pb::RaftMessage { body })

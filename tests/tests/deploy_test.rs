@@ -240,7 +240,7 @@ fn server_config_refuses_unknown_keys_bad_values_and_unspecified_advertise() {
 /// A controller's and a node's config file for the loopback cell.
 fn write_configs(cell: &ControlledCell) -> Vec<PathBuf> {
     let mut files = Vec::new();
-    let port_of = |ep: String| ep.trim_start_matches("http://").to_string();
+    let port_of = |ep: String| ep.split("://").nth(1).unwrap().to_string();
     let controllers: Vec<String> = cell
         .controller_endpoints()
         .iter()
@@ -248,9 +248,10 @@ fn write_configs(cell: &ControlledCell) -> Vec<PathBuf> {
         .collect();
     for c in 1..=cell.controllers {
         let text = format!(
-            "roles = [\"controller\"]\ncontroller_id = {c}\nlisten = {:?}\ndata_dir = {:?}\nlease_ms = 3000\nrepair_grace_ms = 1000\n",
+            "roles = [\"controller\"]\ncontroller_id = {c}\nlisten = {:?}\ndata_dir = {:?}\ncerts = {:?}\nlease_ms = 3000\nrepair_grace_ms = 1000\n",
             port_of(cell.controller_endpoint(c)),
             cell.data_dir(&format!("ctl{c}")).to_str().unwrap(),
+            cell.dir.path().join(format!("certs-ctl{c}")).to_str().unwrap(),
         );
         let f = cell.dir.path().join(format!("ctl{c}.toml"));
         std::fs::write(&f, text).unwrap();

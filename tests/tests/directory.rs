@@ -14,7 +14,6 @@ use std::time::Duration;
 use stele_client::admin::DirectoryAdmin;
 use stele_client::{Client, GlobalClient, ReadOptions, record};
 use stele_proto::pb;
-use stele_proto::pb::data_client::DataClient;
 use stele_tests::cell::client_options;
 use stele_tests::controlled::ControlledCell;
 use stele_tests::{Proc, free_port_base, run};
@@ -82,7 +81,7 @@ impl Dir {
 /// Every tablet's last log index on a node, summed: it moves only when
 /// something is committed on that cell.
 async fn log_total(endpoint: &str) -> u64 {
-    let mut c = DataClient::connect(endpoint.to_string()).await.unwrap();
+    let mut c = stele_tests::tls::data_client(endpoint);
     c.list_tablets(pb::ListTabletsRequest {})
         .await
         .unwrap()

@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 use stele_client::Client;
 use stele_proto::pb;
-use stele_proto::pb::data_client::DataClient;
 use stele_tests::cell::{
     Cell, client_options, local_rows, status, tablet_of, try_local_rows, value_counts,
 };
@@ -91,7 +90,7 @@ async fn cut_off_leader_acknowledges_nothing_majority_serves_and_heals() {
     // Appends sent straight to the isolated leader are not acknowledged.
     let mut unacked: Vec<String> = Vec::new();
     let mut refusals: Vec<String> = Vec::new();
-    let mut direct = DataClient::connect(cell.endpoint(old)).await.unwrap();
+    let mut direct = stele_tests::tls::data_client(&cell.endpoint(old));
     for i in 0..5u64 {
         let v = format!("isolated-{i}");
         let mut batch_id = vec![0xAB; 16];

@@ -8,11 +8,10 @@ use std::time::{Duration, Instant};
 
 use stele_client::Client;
 use stele_proto::pb;
-use stele_proto::pb::data_client::DataClient;
 use stele_tests::cell::{Cell, client_options as opts};
 
 async fn bounded_scan(endpoint: &str, max_staleness_ms: u64) -> Result<usize, stele_proto::Error> {
-    let mut c = DataClient::connect(endpoint.to_string()).await.unwrap();
+    let mut c = stele_tests::tls::data_client(endpoint);
     c.scan(pb::ScanRequest {
         namespace: "rep/cell".into(),
         limit: 10,

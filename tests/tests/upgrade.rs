@@ -73,6 +73,8 @@ fn rolling_upgrade_from_the_previous_build_under_load() {
     let new_version = version_of(&stele_tests::stele_bin());
     assert_ne!(version_of(&old), new_version, "the old binary is this one");
     let mut cell = ControlledCell::new(3, 3);
+    // The old build predates TLS on gRPC: the cell runs plaintext.
+    cell.plaintext = true;
     cell.node_flags
         .extend(["--memtable-age-max-s".into(), "1".into()]);
     for name in ["ctl1", "ctl2", "ctl3", "node1", "node2", "node3"] {

@@ -67,14 +67,20 @@ pub fn channel(
     expect: Kind,
     connect_timeout: Duration,
 ) -> Result<Channel> {
-    let ep = Endpoint::from_shared(endpoint.to_string())
+    // TLS is this module's connector's work: tonic is given the endpoint
+    // as `http://` (its own TLS, which cannot check roles, would refuse
+    // an `https://` endpoint with a connector of ours).
+    let (https, plain) = match endpoint.strip_prefix("https://") {
+        Some(rest) => (true, format!("http://{rest}")),
+        None => (false, endpoint.to_string()),
+    };
+    let ep = Endpoint::from_shared(plain)
         .map_err(|e| Error::Endpoint {
             endpoint: endpoint.to_string(),
             reason: e.to_string(),
         })?
         .connect_timeout(connect_timeout)
         .tcp_nodelay(true);
-    let https = ep.uri().scheme_str() == Some("https");
     match (https, tls) {
         (false, _) => Ok(ep.connect_lazy()),
         (true, None) => Err(Error::TlsNeeded {
