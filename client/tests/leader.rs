@@ -23,6 +23,7 @@ use tonic::transport::Channel;
 struct Member(DataClient<Channel>);
 
 impl FromChannel for Member {
+    const SERVER: stele_tls::Kind = stele_tls::Kind::Node;
     fn from_channel(ch: Channel) -> Self {
         Member(DataClient::new(ch))
     }

@@ -1,0 +1,201 @@
+//! TLS and roles on a cell of real processes: every listener is TLS, and
+//! a caller without the identity a method needs is refused with
+//! `PermissionDenied` (or fails the handshake) and changes nothing.
+
+use stele_proto::pb;
+use stele_tests::controlled::ControlledCell;
+use stele_tests::tls::{anonymous_tls, channel, client_tls, identity};
+use stele_tls::Kind;
+use tonic::Code;
+
+fn controller(
+    cell: &ControlledCell,
+    tls: &stele_tls::ClientTls,
+) -> pb::controller_client::ControllerClient<tonic::transport::Channel> {
+    pb::controller_client::ControllerClient::new(channel(
+        &cell.controller_endpoint(1),
+        tls,
+        Kind::Controller,
+    ))
+}
+
+fn heartbeat_as(id: u64, client_endpoint: &str) -> pb::HeartbeatRequest {
+    pb::HeartbeatRequest {
+        node: Some(pb::NodeRegistration {
+            id,
+            client_endpoint: client_endpoint.into(),
+            peer_endpoint: "127.0.0.1:9".into(),
+            capacity: 1,
+            ..Default::default()
+        }),
+        replicas: Vec::new(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_without_the_right_identity_are_refused_and_change_nothing() {
+    let cell = ControlledCell::new(1, 1);
+    let (_ctl, _nodes) = cell.start(2);
+    assert!(cell.controller_endpoint(1).starts_with("https://"));
+    assert!(cell.node_endpoint(1).starts_with("https://"));
+    let nodes_before = cell.node_list();
+    let tablets_before = cell.tablets();
+
+    // An operator command from a client with no certificate.
+    let err = controller(&cell, &anonymous_tls())
+        .set_node_state(pb::SetNodeStateRequest {
+            node: 1,
+            state: "draining".into(),
+        })
+        .await
+        .expect_err("an anonymous drain");
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("operator"), "{err:?}");
+    // ... and from a node's certificate.
+    let as_node1 = identity(&cell.dir.path().join("certs1"));
+    let err = controller(&cell, &as_node1)
+        .set_node_state(pb::SetNodeStateRequest {
+            node: 1,
+            state: "draining".into(),
+        })
+        .await
+        .expect_err("a node's drain");
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+
+    // A heartbeat as node 2 from node 1's certificate, pointing clients
+    // at the caller: refused, no node 2 registered.
+    let err = controller(&cell, &as_node1)
+        .heartbeat(heartbeat_as(2, "https://127.0.0.1:9"))
+        .await
+        .expect_err("a forged heartbeat");
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("node 2"), "{err:?}");
+    // A heartbeat from an operator or nobody: refused before it is read.
+    for tls in [client_tls(), anonymous_tls()] {
+        let err = controller(&cell, &tls)
+            .heartbeat(heartbeat_as(1, "https://127.0.0.1:9"))
+            .await
+            .expect_err("a heartbeat without a node certificate");
+        assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    }
+
+    // Raft to the controller quorum from a non-member (a node, an
+    // operator): refused; the body is never decoded.
+    for tls in [as_node1.clone(), client_tls()] {
+        let mut q = pb::quorum_client::QuorumClient::new(channel(
+            &cell.controller_endpoint(1),
+            &tls,
+            Kind::Controller,
+        ));
+        let err = q
+            .raft(pb::RaftMessage {
+                body: vec![0xa2, 0x61, 0x76, 0x01],
+            })
+            .await
+            .expect_err("Raft from a non-member");
+        assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    }
+
+    // Quorum traffic on a node's port: nobody may send it there.
+    let mut q = pb::quorum_client::QuorumClient::new(channel(
+        &cell.node_endpoint(1),
+        &identity(&cell.dir.path().join("certs-ctl1")),
+        Kind::Node,
+    ));
+    let err = q
+        .raft(pb::RaftMessage { body: vec![] })
+        .await
+        .expect_err("Raft on a node port");
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+
+    assert_eq!(cell.node_list().len(), nodes_before.len());
+    for (before, after) in nodes_before.iter().zip(cell.node_list()) {
+        assert_eq!(before["client_endpoint"], after["client_endpoint"], "{after}");
+        assert_eq!(before["state"], after["state"], "{after}");
+    }
+    assert_eq!(cell.tablets().len(), tablets_before.len());
+
+    // The operator may: the same drain works with its certificate.
+    controller(&cell, &client_tls())
+        .set_node_state(pb::SetNodeStateRequest {
+            node: 1,
+            state: "active".into(),
+        })
+        .await
+        .expect("the operator sets a node's state");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_ca_or_the_wrong_role_fails_the_handshake() {
+    let cell = ControlledCell::new(1, 1);
+    let (_ctl, _nodes) = cell.start(1);
+
+    // A client whose certificate another CA signed.
+    let foreign = tempfile::tempdir().unwrap();
+    let ca = foreign.path().join("ca");
+    let op = foreign.path().join("op");
+    assert!(stele_tests::run_plain(&["cert", "init", "--out", ca.to_str().unwrap()]).0);
+    assert!(
+        stele_tests::run_plain(&[
+            "cert",
+            "operator",
+            "--ca",
+            ca.to_str().unwrap(),
+            "--name",
+            "mallory",
+            "--out",
+            op.to_str().unwrap(),
+        ])
+        .0
+    );
+    // It trusts the cell's CA (so only its own certificate is at fault).
+    std::fs::copy(
+        stele_tests::tls::test_ca().ca.join("ca.pem"),
+        op.join("ca.pem"),
+    )
+    .unwrap();
+    let mallory = stele_tls::ClientTls::new(
+        stele_tls::Credentials::load(stele_tls::Files::in_dir(&op, "operator")).unwrap(),
+    );
+    let err = controller(&cell, &mallory)
+        .cell_status(pb::CellStatusRequest { local: true })
+        .await
+        .expect_err("a certificate from another CA");
+    assert_ne!(err.code(), Code::Ok);
+    assert_ne!(err.code(), Code::PermissionDenied, "a TLS failure, not a call");
+
+    // A client that trusts only another CA does not accept the cell.
+    let stranger = stele_tls::ClientTls::new(
+        stele_tls::Credentials::load(stele_tls::Files::roots_only(&ca)).unwrap(),
+    );
+    controller(&cell, &stranger)
+        .cell_status(pb::CellStatusRequest { local: true })
+        .await
+        .expect_err("a server the client's CA did not sign");
+
+    // A node cannot answer for a controller: expecting a controller at a
+    // node's endpoint fails the handshake.
+    let mut wrong = pb::controller_client::ControllerClient::new(channel(
+        &cell.node_endpoint(1),
+        &client_tls(),
+        Kind::Controller,
+    ));
+    let err = wrong
+        .cell_status(pb::CellStatusRequest { local: true })
+        .await
+        .expect_err("a node answering as a controller");
+    assert!(
+        format!("{err:?}").contains("not a controller"),
+        "{err:?}"
+    );
+
+    // Plaintext to a TLS listener gets nothing.
+    let plain = cell.controller_endpoint(1).replace("https://", "http://");
+    let err = pb::controller_client::ControllerClient::connect(plain)
+        .await
+        .expect("TCP connects")
+        .cell_status(pb::CellStatusRequest { local: true })
+        .await
+        .expect_err("plaintext to a TLS port");
+    assert_ne!(err.code(), Code::Ok);
+}
