@@ -14,6 +14,7 @@ mod dev_cell;
 mod http;
 mod server;
 mod stop;
+mod switches;
 mod tuning;
 
 use clap::Subcommand;
@@ -74,6 +75,12 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    // Before anything else runs: a build without `fault-injection` refuses
+    // the unsafe switches rather than ignoring them.
+    if let Err(refused) = switches::check_environment() {
+        eprintln!("error: {refused}");
+        return std::process::ExitCode::FAILURE;
+    }
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
