@@ -34,9 +34,9 @@ use crate::journal::{Frame, FrameKind, Journal, Location, RecoveredFrame};
 const LOG_RECORD_V: u16 = 1;
 
 #[derive(Serialize, Deserialize)]
-struct LogRecord {
-    v: u16,
-    entry: Entry,
+pub(crate) struct LogRecord {
+    pub(crate) v: u16,
+    pub(crate) entry: Entry,
 }
 
 #[derive(Clone)]
