@@ -11,7 +11,10 @@ use api::{JOURNAL_FRAME_HEADER_BYTES as FRAME_HEADER_BYTES, JOURNAL_HEADER_BYTES
 fuzz_target!(|data: &[u8]| {
     // Any bytes: a scan that classifies them, never a panic, and a result
     // that describes the file consistently.
-    check_consistent(data, &api::journal_scan(data, api::JOURNAL_PAYLOAD_BYTES_MAX));
+    check_consistent(
+        data,
+        &api::journal_scan(data, api::JOURNAL_PAYLOAD_BYTES_MAX),
+    );
 
     // Frames the writer encodes, from the same input: found again exactly.
     let mut u = Unstructured::new(data);
@@ -26,7 +29,11 @@ fuzz_target!(|data: &[u8]| {
     }
     let file = api::journal_file(&frames);
     let scan = api::journal_scan(&file, api::JOURNAL_PAYLOAD_BYTES_MAX);
-    let JournalScan::Frames { frames: found, damage: None } = &scan else {
+    let JournalScan::Frames {
+        frames: found,
+        damage: None,
+    } = &scan
+    else {
         panic!("an intact file does not scan clean: {scan:?}");
     };
     assert_eq!(found.len(), frames.len());
@@ -42,9 +49,15 @@ fuzz_target!(|data: &[u8]| {
     // the frames wholly before the cut, and is damage unless the cut falls
     // between frames. (A frame after the damage can verify: a payload may
     // hold a whole encoded frame, and recovery then refuses to guess.)
-    let cut = u.int_in_range(HEADER_BYTES..=file.len()).unwrap_or(file.len());
+    let cut = u
+        .int_in_range(HEADER_BYTES..=file.len())
+        .unwrap_or(file.len());
     let torn = api::journal_scan(&file[..cut], api::JOURNAL_PAYLOAD_BYTES_MAX);
-    let JournalScan::Frames { frames: kept, damage } = &torn else {
+    let JournalScan::Frames {
+        frames: kept,
+        damage,
+    } = &torn
+    else {
         panic!("a torn file lost its header: {torn:?}");
     };
     let whole = found
@@ -56,7 +69,11 @@ fuzz_target!(|data: &[u8]| {
         0 => HEADER_BYTES,
         n => (found[n - 1].1 + u64::from(found[n - 1].2)) as usize,
     };
-    assert_eq!(damage.is_none(), cut == boundary, "cut at {cut}: {damage:?}");
+    assert_eq!(
+        damage.is_none(),
+        cut == boundary,
+        "cut at {cut}: {damage:?}"
+    );
 });
 
 fn check_consistent(data: &[u8], scan: &JournalScan) {

@@ -51,7 +51,11 @@ fuzz_target!(|data: &[u8]| {
     // Any bytes as a decompressed block of either row schema; what decodes
     // encodes to rows that decode the same.
     if let Some((&head, buf)) = data.split_first() {
-        let schema = if head & 1 == 0 { 1 } else { api::SEGMENT_ROW_SCHEMA };
+        let schema = if head & 1 == 0 {
+            1
+        } else {
+            api::SEGMENT_ROW_SCHEMA
+        };
         let rows = u64::from(head >> 1);
         if let Ok(decoded) = api::segment_block_rows(buf, rows, schema) {
             let again = api::segment_block_bytes(&decoded);
@@ -72,7 +76,9 @@ fuzz_target!(|data: &[u8]| {
         read_everything(bytes.clone(), &id).expect("an encoded segment does not read back");
     assert_eq!(back, rows, "rows changed on the way through a segment");
     assert_eq!(reader.header(), &header);
-    reader.verify_all().expect("an encoded segment fails its scrub");
+    reader
+        .verify_all()
+        .expect("an encoded segment fails its scrub");
     let blocks = reader.block_offsets();
     let footer = reader.footer_offset() as usize;
 
@@ -95,7 +101,9 @@ fuzz_target!(|data: &[u8]| {
     }
 });
 
-fn segment_input(u: &mut Unstructured) -> libfuzzer_sys::arbitrary::Result<(SegmentHeader, Vec<Row>, WriteOptions)> {
+fn segment_input(
+    u: &mut Unstructured,
+) -> libfuzzer_sys::arbitrary::Result<(SegmentHeader, Vec<Row>, WriteOptions)> {
     let log_first = u.int_in_range(0..=1000u64)?;
     let log_last = log_first + u.int_in_range(0..=1000u64)?;
     let vshard_lo = u.int_in_range(0..=u32::MAX - 1)?;
@@ -138,10 +146,15 @@ fn segment_input(u: &mut Unstructured) -> libfuzzer_sys::arbitrary::Result<(Segm
 fn resealed(mut bytes: Vec<u8>, blocks: &[u64], footer: usize) -> Vec<u8> {
     use format::*;
     let header_len = u32::from_le_bytes(
-        bytes[PROLOGUE_HEADER_LEN_OFFSET..][..4].try_into().expect("4 bytes"),
+        bytes[PROLOGUE_HEADER_LEN_OFFSET..][..4]
+            .try_into()
+            .expect("4 bytes"),
     ) as usize;
     let header_end = (PROLOGUE_LEN + header_len).clamp(PROLOGUE_LEN, footer);
-    let crc = crc32c(&bytes[..PROLOGUE_CRC_COVERED], &bytes[PROLOGUE_LEN..header_end]);
+    let crc = crc32c(
+        &bytes[..PROLOGUE_CRC_COVERED],
+        &bytes[PROLOGUE_LEN..header_end],
+    );
     bytes[PROLOGUE_HEADER_CRC_OFFSET..][..4].copy_from_slice(&crc.to_le_bytes());
     let ends = blocks.iter().skip(1).map(|o| *o as usize).chain([footer]);
     for (start, end) in blocks.iter().map(|o| *o as usize).zip(ends) {

@@ -20,7 +20,8 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(Stub::decode(&stub.encode(), file_len), Ok(stub));
         }
     } else if let Ok(m) = api::manifest(bytes) {
-        let back = api::manifest(&api::manifest_bytes(&m)).expect("its own encoding does not decode");
+        let back =
+            api::manifest(&api::manifest_bytes(&m)).expect("its own encoding does not decode");
         assert_eq!(back, m);
     }
 });

@@ -23,8 +23,15 @@ fuzz_target!(|data: &[u8]| {
             return;
         };
         assert!(u64::from(header.length) <= MESSAGE_BYTES_MAX);
-        assert_eq!(Header::decode(&header.encode(), MESSAGE_BYTES_MAX), Ok(header));
-        let id = if header.kind.carries_id() { LANE_ID_BYTES } else { 0 };
+        assert_eq!(
+            Header::decode(&header.encode(), MESSAGE_BYTES_MAX),
+            Ok(header)
+        );
+        let id = if header.kind.carries_id() {
+            LANE_ID_BYTES
+        } else {
+            0
+        };
         let end = HEADER_BYTES + id + header.length as usize;
         let Some(body) = rest.get(HEADER_BYTES + id..end) else {
             return; // Truncated: the receiver waits for more, then gives up.

@@ -190,8 +190,6 @@ pub fn manifest_bytes(m: &crate::tier::manifest::Manifest) -> Vec<u8> {
 /// holds them, with the golden segment files; regenerate with
 /// `cargo test -p stele-node --features fuzz -- --ignored write_fuzz_seeds`.
 pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
-    use openraft::entry::RaftEntry;
-    use openraft::vote::RaftLeaderIdExt;
     use stele_proto::command::{AppendBatch, Expect, Pos, RecordIn, SealReason, TabletCommand};
 
     let with = |pick: u8, bytes: Vec<u8>| [vec![pick], bytes].concat();
@@ -236,19 +234,13 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             format: 2,
         },
     ];
-    let leader =
-        <crate::raft::TabletConfig as openraft::RaftTypeConfig>::LeaderId::new_committed(3, 1);
     for (i, cmd) in commands.iter().enumerate() {
         add(
             "tablet_command",
             &format!("command-{i}"),
             tablet_command_bytes(cmd),
         );
-        let entry = crate::raft::Entry::new_normal(
-            crate::raft::LogId::new(leader, 10 + i as u64),
-            cmd.clone(),
-        );
-        let rec = crate::raft::log_store::LogRecord { v: 1, entry };
+        let rec = crate::raft::log_store::LogRecord::seed(10 + i as u64, cmd.clone());
         add(
             "raft_state",
             &format!("log-record-{i}"),

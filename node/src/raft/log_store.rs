@@ -39,6 +39,20 @@ pub(crate) struct LogRecord {
     pub(crate) entry: Entry,
 }
 
+#[cfg(feature = "fuzz")]
+impl LogRecord {
+    /// A record of `cmd` at `index` in term 3, a seed for the fuzz target
+    /// (`fuzz_api`).
+    pub(crate) fn seed(index: u64, cmd: stele_proto::command::TabletCommand) -> Self {
+        use openraft::vote::RaftLeaderIdExt;
+        let leader = <TabletConfig as openraft::RaftTypeConfig>::LeaderId::new_committed(3, 1);
+        LogRecord {
+            v: LOG_RECORD_V,
+            entry: Entry::new_normal(LogId::new(leader, index), cmd),
+        }
+    }
+}
+
 #[derive(Clone)]
 enum Slot {
     Pending { log_id: LogId, entry: Arc<Entry> },
