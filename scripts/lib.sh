@@ -66,3 +66,43 @@ list_ignored() {
       }' "$f"
   done
 }
+
+# A stele binary built without the `fault-injection` feature must refuse
+# to start, naming the variable, while any unsafe switch is set
+# (src/switches.rs). Each is tried on `stele dev`, the command of the
+# Done-when; a binary that ignored a switch would start a cell and be
+# stopped by `timeout` (exit 124), which fails here too.
+check_switches_refused() {
+  local bin=$1 var out rc failed=0
+  for var in STELE_FAILPOINTS STELE_UNSAFE_LOCAL_READS STELE_UNSAFE_LEADER_RESTORE STELE_PEER_BLOCK_FILE; do
+    local value=1
+    if [ "$var" = STELE_FAILPOINTS ]; then value=journal-skip-sync; fi
+    if [ "$var" = STELE_PEER_BLOCK_FILE ]; then value=/dev/null; fi
+    rc=0
+    out=$(env "$var=$value" timeout 15 "$bin" dev --data-dir "$(mktemp -d)" 2>&1) || rc=$?
+    if [ "$rc" = 1 ] && grep -q "refusing to start: $var" <<<"$out"; then
+      echo "   $var=$value $bin dev: exit $rc, refused"
+    else
+      echo "   $var=$value $bin dev: exit $rc, NOT refused; its last lines:"
+      tail -n 3 <<<"$out" | sed "s/^/     /"
+      failed=1
+    fi
+  done
+  if [ "$failed" = 0 ]; then
+    echo "unsafe switches: a build without fault-injection refuses all 4"
+  else
+    echo "unsafe switches: a build without fault-injection did NOT refuse them"
+    return 1
+  fi
+}
+
+# The fault-injection build the tests use must not refuse them.
+check_switches_accepted() {
+  local bin=$1
+  if STELE_FAILPOINTS=journal-skip-sync "$bin" --version >/dev/null; then
+    echo "   $bin (fault-injection) accepts the switches"
+  else
+    echo "unsafe switches: the fault-injection build refused them"
+    return 1
+  fi
+}

@@ -15,6 +15,7 @@ mod http;
 mod security;
 mod server;
 mod stop;
+mod switches;
 mod tuning;
 
 use clap::Subcommand;
@@ -79,6 +80,12 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    // Before anything else runs: a build without `fault-injection` refuses
+    // the unsafe switches rather than ignoring them.
+    if let Err(refused) = switches::check_environment() {
+        eprintln!("error: {refused}");
+        return std::process::ExitCode::FAILURE;
+    }
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

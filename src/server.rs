@@ -275,8 +275,7 @@ async fn open_node(
     // reread while the process runs (docs/OPERATIONS.md).
     let filter = options.peer_filter.clone();
     let mut filter_watch = None;
-    if let Some(path) = std::env::var_os("STELE_PEER_BLOCK_FILE") {
-        tracing::warn!(file = ?path, "peer filter armed from STELE_PEER_BLOCK_FILE (fault injection)");
+    if let Some(path) = crate::switches::peer_block_file() {
         filter_watch = Some(filter.clone().watch_file(
             path.into(),
             stele_node::peering::WATCH_INTERVAL,

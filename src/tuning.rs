@@ -268,7 +268,6 @@ pub fn node_options(
     o.journal.file_bytes_max = t.journal_file_bytes_max;
     o.journal.linger = Duration::from_micros(t.linger_us);
     o.journal.reserve_bytes = t.journal_reserve_bytes;
-    o.journal.faults = Arc::new(stele_node::journal::Faults::from_env());
     o.journal_retained_bytes_max = t.journal_retained_bytes_max;
     o.disk_reserve_bytes = t.disk_reserve_bytes;
     o.batch_bytes_max = t.batch_bytes_max;
@@ -276,17 +275,7 @@ pub fn node_options(
     // One batch is one journal frame: size the frame limit from the batch.
     o.journal.frame_payload_bytes_max = t.batch_bytes_max + o.batch_records_max * 64 + 64 * 1024;
     o.raft = stele_node::raft::RaftTiming::for_election_timeout(t.election_timeout_ms);
-    if std::env::var("STELE_UNSAFE_LOCAL_READS").is_ok_and(|v| v == "1") {
-        tracing::error!(
-            "STELE_UNSAFE_LOCAL_READS=1: linearizable reads skip the read index; this node can serve stale reads (jepsen negative control only)"
-        );
-        o.unsafe_local_reads = true;
-    }
-    if std::env::var("STELE_UNSAFE_LEADER_RESTORE").is_ok_and(|v| v == "1") {
-        tracing::error!(
-            "STELE_UNSAFE_LEADER_RESTORE=1: a restarted tablet leader resumes its term without an election; replicas can diverge after a power cut (jepsen negative control only)"
-        );
-        o.unsafe_leader_restore = true;
-    }
+    // Fail points and unsafe modes: only in a `fault-injection` build.
+    crate::switches::arm(&mut o);
     o
 }

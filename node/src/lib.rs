@@ -11,6 +11,10 @@ pub mod endpoints;
 pub mod error;
 pub mod fixed;
 pub mod fsutil;
+// The decoders of untrusted bytes, for fuzz/ only.
+#[cfg(feature = "fuzz")]
+#[doc(hidden)]
+pub mod fuzz_api;
 pub mod journal;
 pub mod node;
 pub mod ownership;

@@ -1,8 +1,10 @@
 //! Helpers for multi-process tests: start real `stele` processes on
 //! loopback, find their endpoints, kill them.
 //!
-//! The binary is `target/<profile>/stele` of this workspace (build it first:
-//! `scripts/test` does), or `$STELE_BIN`.
+//! The binary is `target/<profile>/stele` of this workspace (build it first
+//! with `cargo build --bin stele --features fault-injection`, as
+//! `scripts/test` does: the fault tests set the unsafe switches, which a
+//! build without the feature refuses), or `$STELE_BIN`.
 
 pub mod bench;
 pub mod cell;
@@ -39,7 +41,7 @@ pub fn stele_bin() -> PathBuf {
         }
     }
     panic!(
-        "no stele binary under {}; run `cargo build --bin stele` (scripts/test does) or set STELE_BIN",
+        "no stele binary under {}; run `cargo build --bin stele --features fault-injection` (scripts/test does) or set STELE_BIN",
         target.display()
     );
 }

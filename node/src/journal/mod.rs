@@ -20,11 +20,11 @@
 
 mod committer;
 mod error;
-mod format;
+pub(crate) mod format;
 mod marks;
 mod options;
 mod queue;
-mod recovery;
+pub(crate) mod recovery;
 mod retention;
 
 #[cfg(test)]

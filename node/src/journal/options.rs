@@ -42,7 +42,7 @@ impl Options {
             queue_frames_max: 65_536,
             frame_payload_bytes_max: FRAME_PAYLOAD_BYTES_MAX_DEFAULT,
             reserve_bytes: 64 * 1024 * 1024,
-            faults: Arc::new(Faults::from_env()),
+            faults: Arc::new(Faults::none()),
         }
     }
 
@@ -79,7 +79,9 @@ impl Options {
 }
 
 /// Named fail points for the journal's I/O. A real code path, not `cfg(test)`,
-/// so a process-level test can arm them through the environment:
+/// so a process-level test can arm them through the environment of a
+/// `stele` binary built with the `fault-injection` feature (src/switches.rs;
+/// this library never reads the environment itself):
 ///
 /// `STELE_FAILPOINTS=journal-sync-eio` makes the first group fsync fail with
 /// EIO; `journal-sync-eio=N` makes the N-th one fail; `journal-write-eio[=N]`
@@ -127,13 +129,6 @@ impl Faults {
             skip_sync: AtomicBool::new(false),
             sync_delay_ms: AtomicU64::new(0),
             sync_marks: AtomicBool::new(false),
-        }
-    }
-
-    pub fn from_env() -> Faults {
-        match std::env::var("STELE_FAILPOINTS") {
-            Ok(spec) => Faults::parse(&spec),
-            Err(_) => Faults::none(),
         }
     }
 

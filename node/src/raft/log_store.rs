@@ -34,9 +34,23 @@ use crate::journal::{Frame, FrameKind, Journal, Location, RecoveredFrame};
 const LOG_RECORD_V: u16 = 1;
 
 #[derive(Serialize, Deserialize)]
-struct LogRecord {
-    v: u16,
-    entry: Entry,
+pub(crate) struct LogRecord {
+    pub(crate) v: u16,
+    pub(crate) entry: Entry,
+}
+
+#[cfg(feature = "fuzz")]
+impl LogRecord {
+    /// A record of `cmd` at `index` in term 3, a seed for the fuzz target
+    /// (`fuzz_api`).
+    pub(crate) fn seed(index: u64, cmd: stele_proto::command::TabletCommand) -> Self {
+        use openraft::vote::RaftLeaderIdExt;
+        let leader = <TabletConfig as openraft::RaftTypeConfig>::LeaderId::new_committed(3, 1);
+        LogRecord {
+            v: LOG_RECORD_V,
+            entry: Entry::new_normal(LogId::new(leader, index), cmd),
+        }
+    }
 }
 
 #[derive(Clone)]

@@ -42,7 +42,7 @@ pub type SealQueue = mpsc::UnboundedSender<(Arc<Tablet>, u64)>;
 /// installer) is empty once the tablet has a checkpoint; see
 /// [`SnapshotBuilder::build_snapshot`].
 #[derive(Serialize, Deserialize)]
-struct TabletSnapshot {
+pub(crate) struct TabletSnapshot {
     v: u16,
     checkpoint: u64,
     segments: Vec<SegmentRef>,
@@ -58,6 +58,31 @@ struct TabletSnapshot {
 }
 
 const SNAPSHOT_V: u16 = 1;
+
+#[cfg(feature = "fuzz")]
+impl TabletSnapshot {
+    /// A small valid snapshot, a seed for the fuzz target (`fuzz_api`).
+    pub(crate) fn seed() -> Self {
+        TabletSnapshot {
+            v: SNAPSHOT_V,
+            checkpoint: 0,
+            segments: Vec::new(),
+            receipts: Vec::new(),
+            rows: vec![crate::segment::Row {
+                namespace: "ns".into(),
+                key: b"k".to_vec(),
+                ts: 1,
+                index: 2,
+                slot: 0,
+                value: b"v".to_vec(),
+                vshard: 7,
+                tablet: 1,
+            }],
+            range: Some((0, 1 << 32, 1)),
+            frozen: false,
+        }
+    }
+}
 
 /// The segments a snapshot names (a replica must have them to install it).
 pub fn snapshot_segments(data: &[u8]) -> crate::Result<Vec<SegmentRef>> {

@@ -12,7 +12,8 @@
 //! after the last row.
 
 use super::format::{
-    KEY_BYTES_MAX, NAMESPACE_BYTES_MAX, VALUE_BYTES_HARD_MAX, get_varint, put_varint, varint_len,
+    KEY_BYTES_MAX, NAMESPACE_BYTES_MAX, ROW_BYTES_MIN, VALUE_BYTES_HARD_MAX, get_varint,
+    put_varint, varint_len,
 };
 use super::{Damage, Row};
 
@@ -86,8 +87,8 @@ fn get_u32(buf: &[u8], pos: &mut usize, field: &'static str) -> Result<u32, Dama
 /// Decodes exactly `rows` rows filling all of `buf`. Never panics; the
 /// number of rows allocated up front is capped by the buffer size.
 pub fn decode_rows(buf: &[u8], rows: u64, schema: u32) -> Result<Vec<Row>, Damage> {
-    // Each row takes at least 6 bytes, so a larger count is a lie.
-    if rows > (buf.len() / 6) as u64 {
+    // Each row takes at least ROW_BYTES_MIN bytes, so a larger count is a lie.
+    if rows > buf.len() as u64 / ROW_BYTES_MIN {
         return Err(Damage::TooManyRows {
             rows,
             bytes: buf.len(),

@@ -65,6 +65,13 @@ pub const FILE_LEN_MIN: u64 = (PROLOGUE_LEN + TRAILER_LEN) as u64;
 // Limits. Writers refuse input beyond them; readers treat a declared length
 // beyond them as corruption, so a hostile file cannot make us allocate more.
 pub const NAMESPACE_BYTES_MAX: usize = 1024;
+/// The fewest bytes an encoded row takes (one length byte each for the
+/// namespace, key and value, and at least one varint byte for ts, index and
+/// slot): a block's row count above its bytes / this is a lie.
+pub const ROW_BYTES_MIN: u64 = 6;
+/// Rows a reader allocates room for before it has decoded them: counts
+/// come from the file, so room beyond this grows as rows actually decode.
+pub const ROWS_PREALLOC_MAX: u64 = 1 << 16;
 pub const KEY_BYTES_MAX: usize = 4096;
 /// Hard ceiling for `WriteOptions::value_bytes_max` (default 1 MiB).
 pub const VALUE_BYTES_HARD_MAX: usize = 16 << 20;

@@ -19,7 +19,7 @@
 //! it. The byte layout is in `docs/FORMAT.md` (section 5) and mirrored by the
 //! constants in [`format`].
 
-mod block;
+pub(crate) mod block;
 mod bloom;
 mod error;
 pub mod format;

@@ -256,7 +256,9 @@ impl SegmentReader {
 
     /// Every row of the segment, in segment order (compaction).
     pub fn rows(&self) -> Result<Vec<Row>> {
-        let mut out = Vec::with_capacity(self.stats.rows as usize);
+        // The header's count is checked against the blocks', not against
+        // their bytes as decoded: size by what decodes.
+        let mut out = Vec::with_capacity(self.stats.rows.min(ROWS_PREALLOC_MAX) as usize);
         for i in 0..self.blocks.len() {
             out.extend(self.read_block(i)?);
         }
@@ -714,6 +716,7 @@ fn check_footer(
         if b.compressed_len == 0
             || b.uncompressed_len > BLOCK_UNCOMPRESSED_BYTES_MAX as u64
             || b.rows == 0
+            || b.rows > b.uncompressed_len / ROW_BYTES_MIN
         {
             return Err(Damage::BlockSizes { block: i });
         }

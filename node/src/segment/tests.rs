@@ -824,3 +824,54 @@ fn format2_is_smaller_on_log_like_rows() {
         "format 2 ({v2} bytes) is not smaller than format 1 ({v1})"
     );
 }
+
+/// A segment whose header and footer agree on a row count its blocks cannot
+/// hold, with every checksum valid (a tampered object in the bucket: the
+/// checksums are not a signature). `rows()` sized its buffer from that
+/// count and panicked with "capacity overflow" before the footer check
+/// bounded each block's rows by its bytes.
+#[test]
+fn a_row_count_beyond_the_blocks_bytes_is_refused_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = write_file(dir.path(), &sample_rows(10), &WriteOptions::default());
+    let seg = SegmentReader::open(&path).unwrap();
+    let good = fs::read(&path).unwrap();
+    let header_len =
+        u32::from_le_bytes(good[PROLOGUE_HEADER_LEN_OFFSET..][..4].try_into().unwrap());
+    let header_end = PROLOGUE_LEN + header_len as usize;
+    let footer_at = seg.footer_offset() as usize;
+    let trailer_at = good.len() - TRAILER_LEN;
+    let mut header: HeaderV1 = ciborium::from_reader(&good[PROLOGUE_LEN..header_end]).unwrap();
+    let mut footer: FooterV1 = ciborium::from_reader(&good[footer_at..trailer_at]).unwrap();
+    assert_eq!(footer.blocks.len(), 1);
+    let lie = 1u64 << 61;
+    header.rows = lie;
+    footer.rows = lie;
+    let header_cbor = to_cbor(&header);
+    let shift = header_cbor.len() as u64 - u64::from(header_len);
+    footer.blocks[0].rows = lie;
+    footer.blocks[0].offset += shift;
+    let footer_cbor = to_cbor(&footer);
+
+    let mut bytes = good[..PROLOGUE_LEN].to_vec();
+    bytes[PROLOGUE_HEADER_LEN_OFFSET..][..4]
+        .copy_from_slice(&(header_cbor.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(&header_cbor);
+    bytes.extend_from_slice(&good[header_end..footer_at]);
+    let footer_offset = bytes.len();
+    bytes.extend_from_slice(&footer_cbor);
+    bytes.extend_from_slice(&good[trailer_at..]);
+    let trailer = bytes.len() - TRAILER_LEN;
+    bytes[trailer + TRAILER_FOOTER_OFFSET_OFFSET..][..8]
+        .copy_from_slice(&(footer_offset as u64).to_le_bytes());
+    bytes[trailer + TRAILER_FOOTER_LEN_OFFSET..][..4]
+        .copy_from_slice(&(footer_cbor.len() as u32).to_le_bytes());
+    reseal(&mut bytes, &[footer.blocks[0].offset], footer_offset);
+    let tampered = dir.path().join("tampered.seg");
+    fs::write(&tampered, &bytes).unwrap();
+
+    let err = SegmentReader::open_with_id(&tampered, &segment_id(&bytes))
+        .map(|seg| seg.rows().map(|rows| rows.len()))
+        .expect_err("a block claiming 2^61 rows opened");
+    assert!(err.to_string().contains("block 0"), "{err}");
+}

@@ -23,7 +23,7 @@ use crate::raft::router::node_of;
 use crate::segment::Row;
 
 mod options;
-mod page;
+pub(crate) mod page;
 mod serve;
 
 pub use options::{DataOptions, DataParts, FailPoints};

@@ -43,7 +43,7 @@ pub(super) fn ts_to_of(ts_to: u64) -> u64 {
 
 /// Cursor of a namespace scan: the last row returned.
 #[derive(Serialize, Deserialize)]
-pub(super) struct ScanCursor {
+pub(crate) struct ScanCursor {
     pub ts: u64,
     #[serde(with = "serde_bytes")]
     pub key: Vec<u8>,
@@ -54,7 +54,7 @@ pub(super) struct ScanCursor {
 
 /// Cursor of a key scan: the last row returned.
 #[derive(Serialize, Deserialize)]
-pub(super) struct KeyCursor {
+pub(crate) struct KeyCursor {
     pub ts: u64,
     pub index: u64,
     pub slot: u32,
@@ -64,7 +64,7 @@ pub(super) struct KeyCursor {
     pub tablet: u64,
 }
 
-pub(super) fn decode_cursor<T: for<'de> Deserialize<'de>>(
+pub(crate) fn decode_cursor<T: for<'de> Deserialize<'de>>(
     bytes: &[u8],
 ) -> Result<Option<T>, ApiError> {
     if bytes.is_empty() {
@@ -75,6 +75,6 @@ pub(super) fn decode_cursor<T: for<'de> Deserialize<'de>>(
         .map_err(|_| invalid("cursor", "not a cursor this server issued"))
 }
 
-pub(super) fn encode_cursor<T: Serialize>(c: &T) -> Vec<u8> {
+pub(crate) fn encode_cursor<T: Serialize>(c: &T) -> Vec<u8> {
     crate::catalog::to_cbor(c)
 }

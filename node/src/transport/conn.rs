@@ -148,14 +148,14 @@ pub(super) async fn write_frame(
     Ok(())
 }
 
-pub(super) fn encode_remote_error(e: &RemoteError) -> Bytes {
+pub(crate) fn encode_remote_error(e: &RemoteError) -> Bytes {
     let mut out = Vec::new();
     // Serializing a plain enum into a Vec cannot fail.
     ciborium::into_writer(e, &mut out).expect("CBOR encoding of RemoteError");
     Bytes::from(out)
 }
 
-pub(super) fn decode_remote_error(body: &[u8]) -> Result<RemoteError, FrameError> {
+pub(crate) fn decode_remote_error(body: &[u8]) -> Result<RemoteError, FrameError> {
     ciborium::from_reader(body).map_err(|e| FrameError::ErrorBody {
         reason: e.to_string(),
     })

@@ -38,7 +38,7 @@
 //! each lane's reader and writer) is spawned on the transport's
 //! `TaskTracker` and ends on `shutdown`.
 
-mod conn;
+pub(crate) mod conn;
 mod error;
 mod frame;
 mod lane;
