@@ -91,8 +91,7 @@ pub fn keep_fresh(creds: &Arc<Credentials>, cancel: &CancellationToken) {
     let creds = creds.clone();
     let cancel = cancel.clone();
     tokio::spawn(async move {
-        let Ok(mut hup) =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         else {
             return;
         };
@@ -171,12 +170,20 @@ mod tests {
     fn plaintext_only_on_loopback_or_when_told() {
         let hp = |s: &str| s.parse::<HostPort>().unwrap();
         for ok in ["127.0.0.1:1", "[::1]:1", "localhost:1"] {
-            assert!(server_credentials(None, false, &hp(ok), &[]).unwrap().is_none());
+            assert!(
+                server_credentials(None, false, &hp(ok), &[])
+                    .unwrap()
+                    .is_none()
+            );
         }
         for bad in ["0.0.0.0:1", "10.1.2.3:1", "node1:1", "[::]:1"] {
             let e = server_credentials(None, false, &hp(bad), &[]).unwrap_err();
             assert!(e.to_string().contains("--insecure-plaintext"), "{e}");
-            assert!(server_credentials(None, true, &hp(bad), &[]).unwrap().is_none());
+            assert!(
+                server_credentials(None, true, &hp(bad), &[])
+                    .unwrap()
+                    .is_none()
+            );
         }
     }
 }

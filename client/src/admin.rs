@@ -28,7 +28,6 @@ use stele_proto::pb::controller_client::ControllerClient;
 use stele_proto::pb::directory_client::DirectoryClient;
 use tonic::transport::{Channel, Endpoint};
 
-
 use crate::{Error, Result};
 
 /// A gRPC client made from a channel.

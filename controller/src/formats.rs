@@ -121,9 +121,8 @@ pub fn own_build() -> Build {
 
 async fn peer_build(endpoint: &str, tls: Option<&stele_tls::ClientTls>) -> Result<Build, String> {
     let ask = async {
-        let channel =
-            stele_tls::channel(endpoint, tls, stele_tls::Kind::Controller, PEER_TIMEOUT)
-                .map_err(|e| e.to_string())?;
+        let channel = stele_tls::channel(endpoint, tls, stele_tls::Kind::Controller, PEER_TIMEOUT)
+            .map_err(|e| e.to_string())?;
         let status = pb::controller_client::ControllerClient::new(channel)
             .cell_status(pb::CellStatusRequest { local: true })
             .await

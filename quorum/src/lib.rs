@@ -186,7 +186,8 @@ impl<S: QuorumState> Quorum<S> {
             Network { tls, expect },
             store,
             machine,
-        ).await?;
+        )
+        .await?;
         Ok(Quorum { id, raft, state })
     }
 

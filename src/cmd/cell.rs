@@ -86,7 +86,8 @@ pub async fn run(cmd: CellCommand) -> anyhow::Result<()> {
             );
             // Initialize through the first; it becomes a member of the new
             // quorum and proposes the cell.
-            let first = Admin::with_tls(vec![target.controllers[0].clone()], crate::security::cli())?;
+            let first =
+                Admin::with_tls(vec![target.controllers[0].clone()], crate::security::cli())?;
             let req = pb::InitRequest {
                 controllers: peers.clone(),
                 tablets,

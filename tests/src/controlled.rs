@@ -146,7 +146,12 @@ impl ControlledCell {
     }
 
     pub fn node_endpoint(&self, n: usize) -> String {
-        format!("{}://{}:{}", self.scheme(), self.dial_host(), self.node_port(n))
+        format!(
+            "{}://{}:{}",
+            self.scheme(),
+            self.dial_host(),
+            self.node_port(n)
+        )
     }
 
     pub fn data_dir(&self, name: &str) -> PathBuf {

@@ -80,13 +80,8 @@ pub fn channel(
     tls: &ClientTls,
     kind: stele_tls::Kind,
 ) -> tonic::transport::Channel {
-    stele_tls::channel(
-        endpoint,
-        Some(tls),
-        kind,
-        std::time::Duration::from_secs(2),
-    )
-    .expect("endpoint")
+    stele_tls::channel(endpoint, Some(tls), kind, std::time::Duration::from_secs(2))
+        .expect("endpoint")
 }
 
 /// A raw data-API client of one node, as the test operator.

@@ -95,7 +95,11 @@ const FORBIDDEN_DEPS: &[(&str, &str, &str)] = &[
 ];
 
 /// Packages that must depend on no other workspace package but these.
-const ONLY_DEPS: &[(&str, &[&str])] = &[("stele-proto", &[]), ("stele-client", &["stele-proto", "stele-tls"]), ("stele-tls", &[])];
+const ONLY_DEPS: &[(&str, &[&str])] = &[
+    ("stele-proto", &[]),
+    ("stele-client", &["stele-proto", "stele-tls"]),
+    ("stele-tls", &[]),
+];
 
 fn graph_violations(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
     let mut bad = Vec::new();

@@ -244,16 +244,30 @@ fn config_default_is_every_key_and_config_check_accepts_it() {
 
 /// `ControlledCell::start_controller` and `start_node`, as config files.
 fn controller_toml(cell: &ControlledCell, c: usize) -> String {
-    let listen = cell.controller_endpoint(c).split("://").nth(1).unwrap().to_string();
+    let listen = cell
+        .controller_endpoint(c)
+        .split("://")
+        .nth(1)
+        .unwrap()
+        .to_string();
     format!(
         "roles = [\"controller\"]\ncontroller_id = {c}\nlisten = \"{listen}\"\ndata_dir = {:?}\ncerts = {:?}\nlease_ms = 3000\nrepair_grace_ms = 1000\n",
         cell.data_dir(&format!("ctl{c}")).to_str().unwrap(),
-        cell.dir.path().join(format!("certs-ctl{c}")).to_str().unwrap()
+        cell.dir
+            .path()
+            .join(format!("certs-ctl{c}"))
+            .to_str()
+            .unwrap()
     )
 }
 
 fn node_toml(cell: &ControlledCell, n: usize) -> String {
-    let listen = cell.node_endpoint(n).split("://").nth(1).unwrap().to_string();
+    let listen = cell
+        .node_endpoint(n)
+        .split("://")
+        .nth(1)
+        .unwrap()
+        .to_string();
     let (host, port) = listen.rsplit_once(':').unwrap();
     let peer = format!("{host}:{}", port.parse::<u16>().unwrap() + 100);
     let controllers: Vec<String> = cell

@@ -251,7 +251,11 @@ fn write_configs(cell: &ControlledCell) -> Vec<PathBuf> {
             "roles = [\"controller\"]\ncontroller_id = {c}\nlisten = {:?}\ndata_dir = {:?}\ncerts = {:?}\nlease_ms = 3000\nrepair_grace_ms = 1000\n",
             port_of(cell.controller_endpoint(c)),
             cell.data_dir(&format!("ctl{c}")).to_str().unwrap(),
-            cell.dir.path().join(format!("certs-ctl{c}")).to_str().unwrap(),
+            cell.dir
+                .path()
+                .join(format!("certs-ctl{c}"))
+                .to_str()
+                .unwrap(),
         );
         let f = cell.dir.path().join(format!("ctl{c}.toml"));
         std::fs::write(&f, text).unwrap();

@@ -110,7 +110,10 @@ async fn callers_without_the_right_identity_are_refused_and_change_nothing() {
 
     assert_eq!(cell.node_list().len(), nodes_before.len());
     for (before, after) in nodes_before.iter().zip(cell.node_list()) {
-        assert_eq!(before["client_endpoint"], after["client_endpoint"], "{after}");
+        assert_eq!(
+            before["client_endpoint"], after["client_endpoint"],
+            "{after}"
+        );
         assert_eq!(before["state"], after["state"], "{after}");
     }
     assert_eq!(cell.tablets().len(), tablets_before.len());
@@ -162,7 +165,11 @@ async fn a_foreign_ca_or_the_wrong_role_fails_the_handshake() {
         .await
         .expect_err("a certificate from another CA");
     assert_ne!(err.code(), Code::Ok);
-    assert_ne!(err.code(), Code::PermissionDenied, "a TLS failure, not a call");
+    assert_ne!(
+        err.code(),
+        Code::PermissionDenied,
+        "a TLS failure, not a call"
+    );
 
     // A client that trusts only another CA does not accept the cell.
     let stranger = stele_tls::ClientTls::new(
@@ -184,10 +191,7 @@ async fn a_foreign_ca_or_the_wrong_role_fails_the_handshake() {
         .cell_status(pb::CellStatusRequest { local: true })
         .await
         .expect_err("a node answering as a controller");
-    assert!(
-        format!("{err:?}").contains("not a controller"),
-        "{err:?}"
-    );
+    assert!(format!("{err:?}").contains("not a controller"), "{err:?}");
 
     // Plaintext to a TLS listener gets nothing.
     let plain = cell.controller_endpoint(1).replace("https://", "http://");

@@ -70,7 +70,10 @@ impl Caller {
 
     /// The caller of a tonic request (plaintext when the layer left none).
     pub fn of<T>(req: &tonic::Request<T>) -> Caller {
-        req.extensions().get::<Caller>().cloned().unwrap_or_default()
+        req.extensions()
+            .get::<Caller>()
+            .cloned()
+            .unwrap_or_default()
     }
 }
 
@@ -183,7 +186,9 @@ impl Policy {
                 "{path} needs a {need} certificate; the caller is {}",
                 caller.describe()
             )),
-            None => Err(format!("{path}: not a method this listener serves to anyone")),
+            None => Err(format!(
+                "{path}: not a method this listener serves to anyone"
+            )),
         }
     }
 }
@@ -303,13 +308,20 @@ mod tests {
         assert!(dir.check("/stele.v1.Quorum/Raft", &ctl).is_err());
         assert!(dir.check("/stele.v1.Directory/RegisterCell", &ctl).is_err());
         assert!(dir.check("/stele.v1.Directory/RegisterCell", &op).is_ok());
-        assert!(dir.check("/stele.v1.Directory/GetNamespace", &nobody).is_ok());
+        assert!(
+            dir.check("/stele.v1.Directory/GetNamespace", &nobody)
+                .is_ok()
+        );
         let node_port = Policy { quorum: None };
         assert!(node_port.check("/stele.v1.Quorum/Raft", &ctl).is_err());
         assert!(node_port.check("/stele.v1.Data/Append", &nobody).is_ok());
         assert!(node_port.check("/other.Service/X", &op).is_err());
         // Plaintext listeners check nothing.
-        assert!(node_port.check("/stele.v1.Quorum/Raft", &Caller::plaintext()).is_ok());
+        assert!(
+            node_port
+                .check("/stele.v1.Quorum/Raft", &Caller::plaintext())
+                .is_ok()
+        );
         assert!(tls(vec![Role::Node(3)]).may_act_as_node(3));
         assert!(!tls(vec![Role::Node(3)]).may_act_as_node(4));
         assert!(!tls(vec![Role::Operator("x".into())]).may_act_as_node(4));

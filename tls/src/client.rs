@@ -102,15 +102,21 @@ async fn connect(
     config: Arc<rustls::ClientConfig>,
     timeout: Duration,
 ) -> std::io::Result<TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>> {
-    let invalid = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, what.to_string());
+    let invalid =
+        |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, what.to_string());
     let host = uri.host().ok_or_else(|| invalid("endpoint has no host"))?;
-    let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
     let port = uri.port_u16().unwrap_or(443);
     let name = ServerName::try_from(host.clone()).map_err(|_| invalid("bad host name"))?;
     let work = async {
         let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
         tcp.set_nodelay(true)?;
-        tokio_rustls::TlsConnector::from(config).connect(name, tcp).await
+        tokio_rustls::TlsConnector::from(config)
+            .connect(name, tcp)
+            .await
     };
     match tokio::time::timeout(timeout + crate::server::HANDSHAKE_TIMEOUT, work).await {
         Ok(Ok(tls)) => Ok(TokioIo::new(tls)),

@@ -130,7 +130,10 @@ impl Credentials {
         let fresh = load_files(files)?;
         let serial = fresh.serial.clone();
         *self.loaded.write().expect("credentials lock") = Arc::new(fresh);
-        tracing::info!(serial = serial.as_deref().unwrap_or("-"), "TLS credentials reloaded");
+        tracing::info!(
+            serial = serial.as_deref().unwrap_or("-"),
+            "TLS credentials reloaded"
+        );
         Ok(())
     }
 
@@ -262,11 +265,21 @@ fn build(
             let chain = certs(cert_path, cert_pem)?;
             let key = PrivateKeyDer::from_pem_slice(key_pem)
                 .map_err(|e| bad(key_path, format!("not a PEM private key: {e}")))?;
-            let certified = CertifiedKey::from_der(chain.clone(), key, &provider)
-                .map_err(|e| bad(key_path, format!("does not match {}: {e}", cert_path.display())))?;
+            let certified = CertifiedKey::from_der(chain.clone(), key, &provider).map_err(|e| {
+                bad(
+                    key_path,
+                    format!("does not match {}: {e}", cert_path.display()),
+                )
+            })?;
             let roles = roles_of(&chain[0]).map_err(|e| bad(cert_path, e))?;
-            let (serial, not_after) = serial_and_expiry(&chain[0]).map_err(|e| bad(cert_path, e))?;
-            (Some(Arc::new(certified)), roles, Some(serial), Some(not_after))
+            let (serial, not_after) =
+                serial_and_expiry(&chain[0]).map_err(|e| bad(cert_path, e))?;
+            (
+                Some(Arc::new(certified)),
+                roles,
+                Some(serial),
+                Some(not_after),
+            )
         }
     };
     Ok(Loaded {
@@ -281,9 +294,11 @@ fn build(
 }
 
 /// A certificate's serial (lowercase hex) and its end of validity.
-pub fn serial_and_expiry(cert: &CertificateDer<'_>) -> std::result::Result<(String, SystemTime), String> {
-    let (_, x509) =
-        x509_parser::parse_x509_certificate(cert).map_err(|e| format!("unparsable certificate: {e}"))?;
+pub fn serial_and_expiry(
+    cert: &CertificateDer<'_>,
+) -> std::result::Result<(String, SystemTime), String> {
+    let (_, x509) = x509_parser::parse_x509_certificate(cert)
+        .map_err(|e| format!("unparsable certificate: {e}"))?;
     let serial = x509
         .raw_serial()
         .iter()

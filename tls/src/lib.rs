@@ -44,7 +44,9 @@ pub enum Error {
     Config(String),
     #[error("{endpoint}: not a usable endpoint: {reason}")]
     Endpoint { endpoint: String, reason: String },
-    #[error("{endpoint} is https:// but this client has no CA to trust (give --certs-dir or STELE_CERTS_DIR)")]
+    #[error(
+        "{endpoint} is https:// but this client has no CA to trust (give --certs-dir or STELE_CERTS_DIR)"
+    )]
     TlsNeeded { endpoint: String },
 }
 

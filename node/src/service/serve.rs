@@ -163,7 +163,7 @@ pub async fn serve_with(
         }
     };
     served.map_err(|e| crate::Error::Serve {
-            what: "gRPC data API",
-            reason: e.to_string(),
-        })
+        what: "gRPC data API",
+        reason: e.to_string(),
+    })
 }
