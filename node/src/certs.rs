@@ -525,8 +525,11 @@ mod tests {
     fn node_names_parse_one_spelling() {
         for (name, want) in [
             ("node-1.stele", Some(1)),
-            ("node-18446744073709551615.stele", Some(u64::MAX)),
-            ("node-0.stele", Some(0)),
+            ("node-65535.stele", Some(65_535)),
+            // Outside the node id range: no node's name.
+            ("node-65536.stele", None),
+            ("node-18446744073709551615.stele", None),
+            ("node-0.stele", None),
             ("node-01.stele", None),
             ("node-+1.stele", None),
             ("node-.stele", None),

@@ -418,8 +418,8 @@ async fn operator_commands_under_load_and_bad_input_refused() {
             "{why}: {err:?}"
         );
     }
-    // As controller 2 (the quorum takes Raft only from members).
-    let as_member = stele_tests::tls::identity(&cell.dir.path().join("certs-ctl2"));
+    // As a controller (the quorum takes Raft only from members).
+    let as_member = stele_tests::tls::identity(&cell.dir.path().join("certs-ctl1"));
     let mut quorum = pb::quorum_client::QuorumClient::new(stele_tests::tls::channel(
         &ep,
         &as_member,
