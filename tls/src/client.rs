@@ -227,12 +227,10 @@ impl ServerCertVerifier for RoleVerifier {
         cert: &CertificateDer<'_>,
         dss: &rustls::DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &provider().signature_verification_algorithms,
-        )
+        self.creds
+            .loaded()
+            .server_verifier
+            .verify_tls12_signature(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -241,17 +239,16 @@ impl ServerCertVerifier for RoleVerifier {
         cert: &CertificateDer<'_>,
         dss: &rustls::DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &provider().signature_verification_algorithms,
-        )
+        self.creds
+            .loaded()
+            .server_verifier
+            .verify_tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        provider()
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.creds
+            .loaded()
+            .server_verifier
+            .supported_verify_schemes()
     }
 }
