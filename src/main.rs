@@ -31,6 +31,10 @@ struct Cli {
     /// when present, DIR/operator.pem + operator.key (the operator API).
     #[arg(long, env = "STELE_CERTS_DIR")]
     certs_dir: Option<std::path::PathBuf>,
+    /// A file holding the namespace token data commands send (or set
+    /// STELE_TOKEN; never on the command line).
+    #[arg(long, env = "STELE_TOKEN_FILE")]
+    token_file: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -70,6 +74,9 @@ enum Command {
     /// Cell CA and node certificates for node-to-node mutual TLS.
     #[command(subcommand)]
     Cert(cmd::cert::CertCommand),
+    /// Namespace tokens for clients of the data API: issue, revoke, list.
+    #[command(subcommand)]
+    Token(cmd::token::TokenCommand),
     /// Rebuild a cell's tablets from its object store into a new data directory.
     Restore(cmd::restore::RestoreArgs),
     /// `stele server` config files: check one, print the default.
@@ -116,7 +123,7 @@ fn run() -> anyhow::Result<()> {
         .init();
     // `stele server` also reads STELE_* variables and --config (config.rs).
     let cli: Cli = config::parse_cli()?;
-    security::set_cli(cli.certs_dir.as_deref())?;
+    security::set_cli(cli.certs_dir.as_deref(), cli.token_file.as_deref())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -125,6 +132,7 @@ fn run() -> anyhow::Result<()> {
             Command::Dev(a) => cmd::dev::run(*a).await,
             Command::Server(a) => cmd::server::run(*a).await,
             Command::Cert(c) => cmd::cert::run(c),
+            Command::Token(c) => cmd::token::run(c).await,
             Command::Append(a) => cmd::append::run(a).await,
             Command::Scan(a) => cmd::scan::run(a).await,
             Command::Bench(a) => cmd::bench::run(a).await,

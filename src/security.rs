@@ -116,13 +116,42 @@ pub fn client_of(creds: &Option<Arc<Credentials>>) -> Option<ClientTls> {
 
 /// The CLI's TLS settings, set once at start ([`set_cli`]).
 static CLI_TLS: OnceLock<Option<ClientTls>> = OnceLock::new();
+/// Where the CLI's token comes from: `--token-file` / `STELE_TOKEN_FILE`.
+static CLI_TOKEN_FILE: OnceLock<Option<std::path::PathBuf>> = OnceLock::new();
 
 /// Loads the CLI's TLS from `--certs-dir` / `STELE_CERTS_DIR`: `DIR/ca.pem`,
-/// with `DIR/operator.pem` + `operator.key` when both exist.
-pub fn set_cli(dir: Option<&Path>) -> anyhow::Result<()> {
+/// with `DIR/operator.pem` + `operator.key` when both exist; notes where
+/// its token is.
+pub fn set_cli(dir: Option<&Path>, token_file: Option<&Path>) -> anyhow::Result<()> {
     let tls = cli_tls(dir)?;
     let _ = CLI_TLS.set(tls);
+    let _ = CLI_TOKEN_FILE.set(token_file.map(Path::to_path_buf));
     Ok(())
+}
+
+/// The CLI's token, as text: `STELE_TOKEN`, else the token file.
+pub fn cli_token_text() -> anyhow::Result<Option<String>> {
+    if let Ok(t) = std::env::var("STELE_TOKEN")
+        && !t.trim().is_empty()
+    {
+        return Ok(Some(t.trim().to_string()));
+    }
+    match CLI_TOKEN_FILE.get().cloned().flatten() {
+        None => Ok(None),
+        Some(path) => {
+            let t = std::fs::read_to_string(&path)
+                .with_context(|| format!("read token file {}", path.display()))?;
+            Ok(Some(t.trim().to_string()))
+        }
+    }
+}
+
+/// The CLI's token, ready to send (none without one).
+fn cli_token() -> anyhow::Result<stele_tls::token::Bearer> {
+    match cli_token_text()? {
+        None => Ok(stele_tls::token::Bearer::none()),
+        Some(t) => stele_tls::token::Bearer::new(&t).context("STELE_TOKEN / --token-file"),
+    }
 }
 
 /// The CLI's TLS settings (none without `--certs-dir`).
@@ -130,12 +159,14 @@ pub fn cli() -> Option<ClientTls> {
     CLI_TLS.get().cloned().flatten()
 }
 
-/// Client options of a CLI command: defaults, with the CLI's TLS.
-pub fn cli_options() -> stele_client::ClientOptions {
-    stele_client::ClientOptions {
+/// Client options of a CLI command: defaults, with the CLI's TLS and
+/// token.
+pub fn cli_options() -> anyhow::Result<stele_client::ClientOptions> {
+    Ok(stele_client::ClientOptions {
         tls: cli(),
+        token: cli_token()?,
         ..Default::default()
-    }
+    })
 }
 
 /// A lazily connected channel from the CLI to one member of kind `kind`.

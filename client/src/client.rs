@@ -35,6 +35,9 @@ pub struct ClientOptions {
     /// The cell CA (and maybe a certificate) for `https://` endpoints;
     /// `http://` endpoints are plaintext whatever this says.
     pub tls: Option<stele_tls::ClientTls>,
+    /// A namespace token sent with every data request (`stele token
+    /// issue`); none: the certificate in `tls`, or a plaintext cell.
+    pub token: stele_tls::token::Bearer,
 }
 
 impl Default for ClientOptions {
@@ -48,6 +51,7 @@ impl Default for ClientOptions {
             batch_records_max: limits::BATCH_RECORDS_MAX_DEFAULT,
             page_records: 1000,
             tls: None,
+            token: stele_tls::token::Bearer::none(),
         }
     }
 }
@@ -56,6 +60,10 @@ impl Default for ClientOptions {
 /// keys and values (always at least one row, up to a 1 MiB value), so this
 /// leaves ample room.
 const DECODE_BYTES_MAX: usize = 16 << 20;
+
+/// A data-API client of one node, with the client's token.
+pub(crate) type Data =
+    DataClient<tonic::service::interceptor::InterceptedService<Channel, stele_tls::token::Bearer>>;
 
 /// A cheap-to-clone handle to a cell.
 #[derive(Clone)]
@@ -216,7 +224,7 @@ impl Client {
     }
 
     /// The data client of an endpoint, reusing its channel.
-    pub(crate) fn data(&self, endpoint: &str) -> Result<DataClient<Channel>> {
+    pub(crate) fn data(&self, endpoint: &str) -> Result<Data> {
         if endpoint.is_empty() {
             // A controller-routed client with no leader known for the
             // tablet yet (an election): retried after a route refresh.
@@ -227,7 +235,7 @@ impl Client {
         }
         let mut channels = self.inner.channels.lock().expect("channels lock");
         if let Some(ch) = channels.get(endpoint) {
-            return Ok(DataClient::new(ch.clone()).max_decoding_message_size(DECODE_BYTES_MAX));
+            return Ok(self.data_client(ch.clone()));
         }
         let ch = stele_tls::channel(
             endpoint,
@@ -237,7 +245,12 @@ impl Client {
         )
         .map_err(|e| Error::invalid_endpoint(endpoint, e))?;
         channels.insert(endpoint.to_string(), ch.clone());
-        Ok(DataClient::new(ch).max_decoding_message_size(DECODE_BYTES_MAX))
+        Ok(self.data_client(ch))
+    }
+
+    fn data_client(&self, ch: Channel) -> Data {
+        DataClient::with_interceptor(ch, self.inner.opts.token.clone())
+            .max_decoding_message_size(DECODE_BYTES_MAX)
     }
 
     /// Awaits one call within the request timeout.

@@ -22,8 +22,6 @@ use std::time::{Duration, Instant};
 
 use stele_proto::ErrorKind;
 use stele_proto::pb::TabletDescriptor;
-use stele_proto::pb::data_client::DataClient;
-use tonic::transport::Channel;
 
 use crate::retry::{Decision, RetryPolicy};
 use crate::{Client, Error, Result, RouteTable};
@@ -220,7 +218,7 @@ impl Client {
         what: &'static str,
         budget: &mut Budget,
         mut route: impl FnMut(&RouteTable) -> std::result::Result<Target<P>, Verdict<T>>,
-        mut send: impl FnMut(DataClient<Channel>, &Target<P>) -> Fut,
+        mut send: impl FnMut(crate::client::Data, &Target<P>) -> Fut,
         mut classify: impl FnMut(&Target<P>, Result<R>) -> Verdict<T>,
     ) -> Result<T>
     where

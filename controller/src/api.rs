@@ -16,7 +16,7 @@ use crate::placement::{Cluster, NodeState, PlacementError};
 use crate::server::Controller;
 use crate::state::{
     Admin, CellConfig, CellState, Command, IntentKind, IntentRec, IntentState, MergePhase, NodeRec,
-    Reply, TabletRec, node_of,
+    Reply, node_of,
 };
 
 pub struct Api(pub(crate) Arc<Controller>);
@@ -77,6 +77,7 @@ impl pb::controller_server::Controller for Api {
         let c = &self.0;
         let caller = stele_tls::Caller::of(&request);
         let req = request.into_inner();
+        let token_epoch = req.token_epoch;
         let reg = crate::error::checked_registration(&caller, req.node)?;
         c.require_leader()?;
         crate::formats::admit(c, &reg)?;
@@ -112,57 +113,7 @@ impl pb::controller_server::Controller for Api {
         }
         let s = c.quorum.state();
         let node = rec.id;
-        let mut assignments = Vec::new();
-        for t in s.tablets.values() {
-            let Some(r) = s.replica_on(t, node) else {
-                continue;
-            };
-            let split = s
-                .intents
-                .get(&t.intent)
-                .filter(|i| i.state == IntentState::Pending)
-                .and_then(|i| match &i.kind {
-                    IntentKind::Split {
-                        at,
-                        child,
-                        child_replicas,
-                        generation,
-                        ..
-                    } => Some(pb::SplitOrder {
-                        at: *at,
-                        child: *child,
-                        child_replicas: child_replicas
-                            .iter()
-                            .map(|r| pb::ReplicaRef {
-                                replica_id: r.replica_id,
-                                node: r.node,
-                            })
-                            .collect(),
-                        generation: *generation,
-                    }),
-                    _ => None,
-                });
-            let merge = merge_order(&s, t, c.health().replica_report(t.id, r.replica_id));
-            assignments.push(pb::Assignment {
-                tablet: t.id,
-                replica_id: r.replica_id,
-                vshard_lo: t.lo,
-                vshard_hi: t.hi,
-                range_generation: t.range_generation,
-                voters: t
-                    .voters
-                    .iter()
-                    .map(|v| pb::ReplicaRef {
-                        replica_id: v.replica_id,
-                        node: v.node,
-                    })
-                    .collect(),
-                initialize: t.initializer == Some(r.replica_id),
-                leader_replica: t.leader_replica,
-                split,
-                merge,
-            });
-        }
+        let assignments = crate::orders::assignments(&s, &c.health(), node);
         let retire = s
             .retired
             .get(&node)
@@ -196,6 +147,7 @@ impl pb::controller_server::Controller for Api {
             peers,
             lease_ms: c.opts.lease.as_millis() as u64,
             formats: stele_proto::formats::to_pb(&s.formats),
+            tokens: s.tokens.keys_pb(token_epoch),
         }))
     }
 
@@ -506,6 +458,27 @@ impl pb::controller_server::Controller for Api {
         crate::formats::enable(&self.0, request).await
     }
 
+    async fn issue_token(
+        &self,
+        request: Request<pb::IssueTokenRequest>,
+    ) -> Result<Response<pb::IssueTokenResponse>, Status> {
+        crate::tokens::issue(&self.0, request.into_inner()).await
+    }
+
+    async fn revoke_token(
+        &self,
+        request: Request<pb::RevokeTokenRequest>,
+    ) -> Result<Response<pb::TokenInfo>, Status> {
+        crate::tokens::revoke(&self.0, request.into_inner()).await
+    }
+
+    async fn list_tokens(
+        &self,
+        _: Request<pb::ListTokensRequest>,
+    ) -> Result<Response<pb::ListTokensResponse>, Status> {
+        Ok(crate::tokens::list(&self.0))
+    }
+
     async fn restart_safe(
         &self,
         request: Request<pb::RestartSafeRequest>,
@@ -660,60 +633,6 @@ impl pb::controller_server::Controller for Api {
             Some(i) => Ok(Response::new(intent_pb(i))),
             None => Err(refuse("id", format!("no intent {id}"))),
         }
-    }
-}
-
-/// The merge step `t`'s leader is to propose, if any: freeze the absorbed
-/// tablet of a merge in its freeze phase; merge into the survivor of one
-/// in its merge phase; unfreeze a tablet that reports itself frozen with
-/// no merge going on (a merge given up).
-fn merge_order(
-    s: &CellState,
-    t: &TabletRec,
-    report: Option<&pb::ReplicaReport>,
-) -> Option<pb::MergeOrder> {
-    let merge = s
-        .intents
-        .get(&t.intent)
-        .filter(|i| i.state == IntentState::Pending)
-        .and_then(|i| match &i.kind {
-            IntentKind::Merge {
-                absorbed,
-                lo,
-                hi,
-                generation,
-                phase,
-                ..
-            } => Some((i.tablet, *absorbed, *lo, *hi, *generation, *phase)),
-            _ => None,
-        });
-    match merge {
-        Some((_, absorbed, lo, hi, _, MergePhase::Freeze | MergePhase::Merge))
-            if absorbed == t.id =>
-        {
-            Some(pb::MergeOrder {
-                action: "freeze".into(),
-                absorbed,
-                vshard_lo: lo,
-                vshard_hi: hi,
-                generation: 0,
-            })
-        }
-        Some((survivor, absorbed, lo, hi, generation, MergePhase::Merge)) if survivor == t.id => {
-            Some(pb::MergeOrder {
-                action: "merge".into(),
-                absorbed,
-                vshard_lo: lo,
-                vshard_hi: hi,
-                generation,
-            })
-        }
-        Some(_) => None,
-        None if report.is_some_and(|r| r.leader && r.frozen) => Some(pb::MergeOrder {
-            action: "unfreeze".into(),
-            ..Default::default()
-        }),
-        None => None,
     }
 }
 

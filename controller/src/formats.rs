@@ -138,6 +138,39 @@ async fn peer_build(endpoint: &str, tls: Option<&stele_tls::ClientTls>) -> Resul
         .map_err(|_| format!("{endpoint}: no answer in {:?}", PEER_TIMEOUT * 2))?
 }
 
+/// Turns `name` up to `version` for the cell, once every member reads
+/// and writes it (FailedPrecondition naming the members behind, nothing
+/// changed, otherwise). The caller is the leader.
+pub async fn raise(c: &Controller, name: &str, version: u32) -> Result<(), Status> {
+    let state = c.snapshot();
+    let mut controllers = Vec::new();
+    for (id, endpoint) in c.quorum.members() {
+        if id != c.opts.id {
+            controllers.push((id, peer_build(&endpoint, c.opts.tls.as_ref()).await));
+        }
+    }
+    let builds = c.health().builds.clone();
+    let behind = behind(&state, &builds, &controllers, name, version);
+    if !behind.is_empty() {
+        return Err(Status::failed_precondition(format!(
+            "{name} format {version} not enabled: not every member reads and writes it: {}",
+            behind.join("; ")
+        )));
+    }
+    match c
+        .propose(Command::EnableFormat {
+            name: name.into(),
+            version,
+        })
+        .await?
+    {
+        Reply::Refused(r) => return Err(Status::failed_precondition(r)),
+        Reply::Ok | Reply::Intent(_) => {}
+    }
+    tracing::info!(format = name, version, "format enabled for the cell");
+    Ok(())
+}
+
 /// Handles `EnableFormat`.
 pub async fn enable(
     c: &Controller,
@@ -177,37 +210,7 @@ pub async fn enable(
         )));
     }
     if req.version > current {
-        let mut controllers = Vec::new();
-        for (id, endpoint) in c.quorum.members() {
-            if id != c.opts.id {
-                controllers.push((id, peer_build(&endpoint, c.opts.tls.as_ref()).await));
-            }
-        }
-        let builds = c.health().builds.clone();
-        let behind = behind(&state, &builds, &controllers, &req.name, req.version);
-        if !behind.is_empty() {
-            return Err(Status::failed_precondition(format!(
-                "{} format {} not enabled: not every member reads and writes it: {}",
-                req.name,
-                req.version,
-                behind.join("; ")
-            )));
-        }
-        match c
-            .propose(Command::EnableFormat {
-                name: req.name.clone(),
-                version: req.version,
-            })
-            .await?
-        {
-            Reply::Refused(r) => return Err(Status::failed_precondition(r)),
-            Reply::Ok | Reply::Intent(_) => {}
-        }
-        tracing::info!(
-            format = req.name,
-            version = req.version,
-            "format enabled for the cell"
-        );
+        raise(c, &req.name, req.version).await?;
     }
     Ok(tonic::Response::new(pb::EnableFormatResponse {
         formats: formats::to_pb(&c.snapshot().formats),

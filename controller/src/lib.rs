@@ -15,6 +15,9 @@
 //! - [`api`]: the gRPC API.
 //! - [`server`]: a controller process: its quorum, services and driver.
 //! - [`backup`]: the leader's backups of the cell state to the bucket.
+//! - [`tokens`]: namespace tokens: signing keys, issue, revoke, what
+//!   nodes verify with.
+//! - [`orders`]: what a heartbeat answer orders a node to do.
 
 pub mod api;
 pub mod autosplit;
@@ -23,11 +26,13 @@ mod driver;
 pub mod error;
 pub mod formats;
 pub mod health;
+pub mod orders;
 pub mod placement;
 pub mod restart;
 pub mod scheduler;
 pub mod server;
 pub mod state;
+pub mod tokens;
 
 pub use error::{Error, Result};
 pub use server::{Controller, ControllerOptions};

@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::placement::NodeState;
+use crate::tokens::{SigningKey, TokenRec, Tokens};
 
 /// Bits of a replica id that name its node (as `stele_node::raft::router`).
 pub const NODE_BITS: u32 = 16;
@@ -207,6 +208,10 @@ pub struct CellState {
     /// controllers wrote.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub formats: BTreeMap<String, u32>,
+    /// Namespace tokens: signing keys and tokens issued. Absent until the
+    /// first token (after the `token` format is on).
+    #[serde(default, skip_serializing_if = "Tokens::is_empty")]
+    pub tokens: Tokens,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -293,6 +298,21 @@ pub enum Command {
     EnableFormat {
         name: String,
         version: u32,
+    },
+    /// A token signing key; `key` is one past the newest.
+    TokenKey {
+        key: u32,
+        k: SigningKey,
+    },
+    /// A token was issued (the leader signs it once this commits).
+    IssueToken {
+        id: String,
+        rec: TokenRec,
+    },
+    /// Nodes refuse token `id` from their next heartbeat answer on.
+    RevokeToken {
+        id: String,
+        at: u64,
     },
 }
 
@@ -495,6 +515,9 @@ impl CellState {
 
     pub fn apply(&mut self, cmd: Command) -> Reply {
         match cmd {
+            Command::TokenKey { key, k } => self.tokens.add_key(key, k),
+            Command::IssueToken { id, rec } => self.tokens.issue(id, rec),
+            Command::RevokeToken { id, at } => self.tokens.revoke(&id, at),
             Command::EnableFormat { name, version } => {
                 let current = self.format(&name);
                 if version < current {

@@ -61,11 +61,14 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 pub struct AgentHandles {
     pub replicas: ReplicaSet,
     pub endpoints: Arc<Endpoints>,
+    /// The cell's token keys, as heartbeat answers bring them.
+    pub tokens: Arc<stele_tls::token::Keyring>,
 }
 
 pub struct Agent {
     replicas: ReplicaSet,
     endpoints: Arc<Endpoints>,
+    tokens: Arc<stele_tls::token::Keyring>,
     opts: AgentOptions,
     /// The controllers, leader followed; `None` when none are configured
     /// or their endpoints are unusable (then no heartbeat is sent).
@@ -87,10 +90,12 @@ impl Agent {
         let AgentHandles {
             replicas,
             endpoints,
+            tokens,
         } = node.into();
         Agent {
             replicas,
             endpoints,
+            tokens,
             controllers: controllers(&opts.controllers, opts.tls.clone()),
             opts,
             set_peer,
@@ -179,11 +184,25 @@ impl Agent {
                 formats: stele_proto::formats::supported_pb(),
             }),
             replicas,
+            token_epoch: self.tokens.epoch(),
         }
     }
 
     async fn apply(&self, r: pb::HeartbeatResponse) {
         let me = self.replicas.node_id();
+        if let Some(t) = &r.tokens {
+            self.tokens.set(
+                t.epoch,
+                t.keys.iter().map(|k| (k.id, k.public_key.clone())),
+                t.revoked.iter().cloned(),
+            );
+            tracing::debug!(
+                epoch = t.epoch,
+                keys = t.keys.len(),
+                revoked = t.revoked.len(),
+                "token keys from the controller"
+            );
+        }
         let segment = stele_proto::formats::version_of(&r.formats, stele_proto::formats::SEGMENT);
         if let Err(e) = self.replicas.set_segment_format(segment) {
             tracing::error!(error = %e, "the cell's segment format is one this build cannot write");

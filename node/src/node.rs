@@ -189,6 +189,8 @@ pub struct Node {
     pub pacer_stats: Arc<PacerStats>,
     replicas: ReplicaSet,
     endpoints: Arc<Endpoints>,
+    /// The cell's token keys (from the controller's heartbeat answers).
+    tokens: Arc<stele_tls::token::Keyring>,
     disk: Disk,
     /// Namespace owners, when the cell is directory-managed.
     ownership: Option<Arc<crate::ownership::Ownership>>,
@@ -389,6 +391,7 @@ impl Node {
             pacer_stats,
             replicas,
             endpoints,
+            tokens: Default::default(),
             disk,
             ownership,
             receiver,
@@ -435,6 +438,7 @@ impl Node {
             catalog: self.catalog.clone(),
             disk: self.disk.clone(),
             ownership: self.ownership.clone(),
+            tokens: self.tokens.clone(),
             stats: self.stats.clone(),
             pacer_stats: self.pacer_stats.clone(),
         })
@@ -554,6 +558,7 @@ impl From<Arc<Node>> for AgentHandles {
         AgentHandles {
             replicas: node.replicas.clone(),
             endpoints: node.endpoints.clone(),
+            tokens: node.tokens.clone(),
         }
     }
 }

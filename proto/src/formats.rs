@@ -19,8 +19,15 @@ pub const SEGMENT: &str = "segment";
 /// The newest segment format this build reads and writes.
 pub const SEGMENT_MAX: u32 = 2;
 
+/// Namespace tokens (docs/SECURITY.md): version 2 is a controller state
+/// that holds token keys and issued tokens, and nodes that verify tokens.
+/// The first `IssueToken` turns it on once every member supports it.
+pub const TOKEN: &str = "token";
+/// The newest token format this build knows.
+pub const TOKEN_MAX: u32 = 2;
+
 /// Every gated format this build knows, with the newest version of each.
-pub const SUPPORTED: &[(&str, u32)] = &[(SEGMENT, SEGMENT_MAX)];
+pub const SUPPORTED: &[(&str, u32)] = &[(SEGMENT, SEGMENT_MAX), (TOKEN, TOKEN_MAX)];
 
 /// The version of every format before anything is enabled, and of every
 /// format a member does not report.

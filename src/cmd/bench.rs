@@ -184,7 +184,7 @@ pub async fn bench_until(
     anyhow::ensure!(args.concurrency > 0, "--concurrency must be at least 1");
     anyhow::ensure!(args.batch_records > 0, "--batch-records must be at least 1");
     anyhow::ensure!(args.namespaces > 0, "--namespaces must be at least 1");
-    let mut opts = crate::security::cli_options();
+    let mut opts = crate::security::cli_options()?;
     if let Some(budget) = args.retry_budget {
         anyhow::ensure!(!budget.is_zero(), "--retry-budget must be positive");
         opts.retry = RetryPolicy::with_budget(budget);

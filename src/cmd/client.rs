@@ -37,11 +37,11 @@ pub async fn client_for(
     namespace: &str,
 ) -> anyhow::Result<Client> {
     if directory.is_empty() {
-        return Client::connect(endpoint, crate::security::cli_options())
+        return Client::connect(endpoint, crate::security::cli_options()?)
             .await
             .with_context(|| format!("connecting to {endpoint}"));
     }
-    let global = stele_client::GlobalClient::new(directory, crate::security::cli_options())?
+    let global = stele_client::GlobalClient::new(directory, crate::security::cli_options()?)?
         .create_if_missing(true);
     global
         .cell(namespace)

@@ -5,7 +5,7 @@
 //! ```text
 //! dev, server          flags -> options -> crate::server / crate::dev_cell
 //! append, scan, bench, status   the data API through stele-client (client.rs)
-//! cell, node, tablet, intent    the controllers (controllers.rs)
+//! cell, node, tablet, intent, token   the controllers (controllers.rs)
 //! directory, ns, cell register|list|retire (registry.rs)   the directory
 //! cert, restore        local files: certificates, a restore from the bucket
 //! config               `stele server` config files (crate::config)
@@ -32,3 +32,4 @@ pub mod scan;
 pub mod server;
 pub mod status;
 pub mod tablet;
+pub mod token;

@@ -20,7 +20,7 @@ pub struct StatusArgs {
 }
 
 pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
-    let client = Client::connect(&args.endpoint, crate::security::cli_options())
+    let client = Client::connect(&args.endpoint, crate::security::cli_options()?)
         .await
         .with_context(|| format!("connect {}", args.endpoint))?;
     let s = client.status_at(&args.endpoint).await?;
@@ -45,6 +45,8 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
         ("peer_connections_refused", s.peer_connections_refused),
         ("peer_messages_filtered", s.peer_messages_filtered),
         ("bad_peer_endpoints", s.bad_peer_endpoints),
+        ("requests_refused", s.requests_refused),
+        ("token_epoch", s.token_epoch.unwrap_or(0)),
         ("peer_control_messages", s.peer_control_messages),
         ("peer_control_batches", s.peer_control_batches),
         ("segments_fetched", s.segments_fetched),

@@ -88,6 +88,7 @@ async fn a_cell_advertising_host_names_is_reached_through_them() {
             ..Default::default()
         }),
         replicas: Vec::new(),
+        token_epoch: None,
     };
     for (client, peer, field, says) in [
         (
@@ -534,6 +535,24 @@ impl pb::controller_server::Controller for OldController {
         &self,
         _: tonic::Request<pb::EnableFormatRequest>,
     ) -> Result<tonic::Response<pb::EnableFormatResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("old controller"))
+    }
+    async fn issue_token(
+        &self,
+        _: tonic::Request<pb::IssueTokenRequest>,
+    ) -> Result<tonic::Response<pb::IssueTokenResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("old controller"))
+    }
+    async fn revoke_token(
+        &self,
+        _: tonic::Request<pb::RevokeTokenRequest>,
+    ) -> Result<tonic::Response<pb::TokenInfo>, tonic::Status> {
+        Err(tonic::Status::unimplemented("old controller"))
+    }
+    async fn list_tokens(
+        &self,
+        _: tonic::Request<pb::ListTokensRequest>,
+    ) -> Result<tonic::Response<pb::ListTokensResponse>, tonic::Status> {
         Err(tonic::Status::unimplemented("old controller"))
     }
     async fn get_intent(

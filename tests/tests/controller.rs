@@ -402,6 +402,7 @@ async fn operator_commands_under_load_and_bad_input_refused() {
             ..Default::default()
         }),
         replicas: Vec::new(),
+        token_epoch: None,
     };
     for (req, why) in [
         (pb::HeartbeatRequest::default(), "missing registration"),

@@ -29,6 +29,7 @@ fn heartbeat_as(id: u64, client_endpoint: &str) -> pb::HeartbeatRequest {
             ..Default::default()
         }),
         replicas: Vec::new(),
+        token_epoch: None,
     }
 }
 

@@ -31,6 +31,7 @@ fn old_heartbeat(controller: &str, node: u64) -> Result<pb::HeartbeatResponse, t
                 ..Default::default()
             }),
             replicas: Vec::new(),
+            token_epoch: None,
         })
         .await
         .map(|r| r.into_inner())

@@ -116,6 +116,9 @@ const CONTROLLER_OPERATOR: &[&str] = &[
     "AbortIntent",
     "RestartSafe",
     "EnableFormat",
+    "IssueToken",
+    "RevokeToken",
+    "ListTokens",
 ];
 /// Reads of the controller API, open to any caller.
 const CONTROLLER_READ: &[&str] = &[

@@ -6,6 +6,7 @@
 //! server   rustls server config, the TLS connection stream tonic serves
 //! client   channels to https:// endpoints that check the server's role
 //! auth     method -> role table, the layer that enforces it, Caller
+//! token    namespace tokens: sign (controllers), verify (nodes), carry (clients)
 //! ```
 //!
 //! One crypto provider, aws-lc-rs, named for every config (the QUIC
@@ -20,6 +21,7 @@ pub mod client;
 pub mod creds;
 pub mod roles;
 pub mod server;
+pub mod token;
 
 pub use auth::{AuthLayer, Caller, Policy};
 pub use client::{ClientTls, channel};

@@ -67,6 +67,8 @@ pub struct NodeStats {
     pub skipped_frames: AtomicU64,
     /// Segments fetched from peers to install snapshots.
     pub segments_fetched: AtomicU64,
+    /// Data requests refused for want of a token or a right.
+    pub requests_refused: AtomicU64,
 }
 
 type StartFuture = Pin<Box<dyn Future<Output = Result<TabletRaft>> + Send>>;

@@ -14,6 +14,7 @@ use stele_proto::command::{
 use stele_proto::limits;
 use stele_proto::pb::{self, data_server::Data};
 use stele_proto::{Error as ApiError, vshard};
+use stele_tls::token::Right;
 use tonic::{Request, Response, Status};
 
 use crate::endpoints::Endpoints;
@@ -22,6 +23,8 @@ use crate::raft::replica::ProposeError;
 use crate::raft::router::node_of;
 use crate::segment::Row;
 
+mod access;
+use access::Access;
 mod options;
 pub(crate) mod page;
 mod serve;
@@ -587,33 +590,41 @@ impl Data for DataService {
         &self,
         req: Request<pb::AppendRequest>,
     ) -> Result<Response<pb::AppendResponse>, Status> {
-        Ok(Response::new(
-            DataService::append(self, req.into_inner()).await?,
-        ))
+        let access = Access::of(&req);
+        let req = req.into_inner();
+        let (ns, right) = (&req.namespace, Right::Append);
+        self.node.permit(&access, "Append", ns, right)?;
+        Ok(Response::new(DataService::append(self, req).await?))
     }
 
     async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::GetResponse>, Status> {
-        Ok(Response::new(
-            DataService::get(self, req.into_inner()).await?,
-        ))
+        let access = Access::of(&req);
+        let req = req.into_inner();
+        self.node
+            .permit(&access, "Get", &req.namespace, Right::Read)?;
+        Ok(Response::new(DataService::get(self, req).await?))
     }
 
     async fn scan_key(
         &self,
         req: Request<pb::ScanKeyRequest>,
     ) -> Result<Response<pb::ScanResponse>, Status> {
-        Ok(Response::new(
-            DataService::scan_key(self, req.into_inner()).await?,
-        ))
+        let access = Access::of(&req);
+        let req = req.into_inner();
+        self.node
+            .permit(&access, "ScanKey", &req.namespace, Right::Read)?;
+        Ok(Response::new(DataService::scan_key(self, req).await?))
     }
 
     async fn scan(
         &self,
         req: Request<pb::ScanRequest>,
     ) -> Result<Response<pb::ScanResponse>, Status> {
-        Ok(Response::new(
-            DataService::scan(self, req.into_inner()).await?,
-        ))
+        let access = Access::of(&req);
+        let req = req.into_inner();
+        self.node
+            .permit(&access, "Scan", &req.namespace, Right::Read)?;
+        Ok(Response::new(DataService::scan(self, req).await?))
     }
 
     async fn list_tablets(
@@ -694,6 +705,8 @@ impl Data for DataService {
             peer_connections_refused: ts.as_ref().map_or(0, |t| t.connections_refused),
             peer_messages_filtered: self.node.options.peer_filter.filtered(),
             bad_peer_endpoints: self.node.endpoints.bad_peer_endpoints(),
+            requests_refused: self.node.stats.requests_refused.load(Ordering::Relaxed),
+            token_epoch: self.node.tokens.epoch(),
             peer_control_messages: ts.as_ref().map_or(0, |t| t.control_messages),
             peer_control_batches: ts.as_ref().map_or(0, |t| t.control_batches),
             heartbeat_rounds: self

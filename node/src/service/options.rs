@@ -81,6 +81,8 @@ pub struct DataParts {
     pub disk: Disk,
     /// Namespace owners, when the cell is directory-managed.
     pub ownership: Option<Arc<Ownership>>,
+    /// The cell's token keys, for callers without a certificate.
+    pub tokens: Arc<stele_tls::token::Keyring>,
     pub stats: Arc<NodeStats>,
     pub pacer_stats: Arc<PacerStats>,
 }
