@@ -325,3 +325,27 @@ pub fn noise_value(i: u64, len: usize) -> String {
         .collect();
     format!("v{i:05}-{noise}")
 }
+
+/// The body of `GET http://127.0.0.1:<port><path>` (HTTP/1.0, blocking):
+/// `/metrics` and the probes of `--http-listen`.
+pub fn http_get(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    out.split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or(out)
+}
+
+/// The value of Prometheus counter `name` with label `method="<method>"`
+/// in a `/metrics` body (0 when absent).
+pub fn counter(metrics: &str, name: &str, method: &str) -> u64 {
+    let want = format!("{name}{{method=\"{method}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(want.as_str()))
+        .map_or(0, |v| v.trim().parse().expect("a counter value"))
+}

@@ -35,7 +35,10 @@ fn heartbeat_as(id: u64, client_endpoint: &str) -> pb::HeartbeatRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn callers_without_the_right_identity_are_refused_and_change_nothing() {
-    let cell = ControlledCell::new(1, 1);
+    let mut cell = ControlledCell::new(1, 1);
+    let http = stele_tests::free_port_base(1);
+    cell.controller_flags
+        .extend(["--http-listen".into(), format!("127.0.0.1:{http}")]);
     let (_ctl, _nodes) = cell.start(2);
     assert!(cell.controller_endpoint(1).starts_with("https://"));
     assert!(cell.node_endpoint(1).starts_with("https://"));
@@ -118,6 +121,15 @@ async fn callers_without_the_right_identity_are_refused_and_change_nothing() {
         assert_eq!(before["state"], after["state"], "{after}");
     }
     assert_eq!(cell.tablets().len(), tablets_before.len());
+
+    // Every refusal counted, by method, where a scraper finds it.
+    let metrics = tokio::task::spawn_blocking(move || stele_tests::http_get(http, "/metrics"))
+        .await
+        .unwrap();
+    let refused = |m: &str| stele_tests::counter(&metrics, "stele_auth_refused_total", m);
+    assert_eq!(refused("/stele.v1.Controller/SetNodeState"), 2, "{metrics}");
+    assert_eq!(refused("/stele.v1.Controller/Heartbeat"), 3, "{metrics}");
+    assert_eq!(refused("/stele.v1.Quorum/Raft"), 2, "{metrics}");
 
     // The operator may: the same drain works with its certificate.
     controller(&cell, &client_tls())
