@@ -80,6 +80,9 @@ pub(crate) struct Loaded {
 pub struct Credentials {
     files: Option<Files>,
     loaded: RwLock<Arc<Loaded>>,
+    /// Counts successful reloads: what reads the same files for another
+    /// config (the node-to-node QUIC transport) follows it ([`Credentials::changes`]).
+    reloads: tokio::sync::watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -100,6 +103,7 @@ impl Credentials {
         Ok(Arc::new(Credentials {
             files: Some(files),
             loaded: RwLock::new(Arc::new(loaded)),
+            reloads: tokio::sync::watch::Sender::new(0),
         }))
     }
 
@@ -114,6 +118,7 @@ impl Credentials {
         Ok(Arc::new(Credentials {
             files: None,
             loaded: RwLock::new(Arc::new(loaded)),
+            reloads: tokio::sync::watch::Sender::new(0),
         }))
     }
 
@@ -130,11 +135,23 @@ impl Credentials {
         let fresh = load_files(files)?;
         let serial = fresh.serial.clone();
         *self.loaded.write().expect("credentials lock") = Arc::new(fresh);
+        self.reloads.send_modify(|n| *n += 1);
         tracing::info!(
             serial = serial.as_deref().unwrap_or("-"),
             "TLS credentials reloaded"
         );
         Ok(())
+    }
+
+    /// Changes each time a reload succeeds; a task that builds another
+    /// config from the same files waits on it (`changed()`).
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.reloads.subscribe()
+    }
+
+    /// The files these credentials are read from (none from memory).
+    pub fn files(&self) -> Option<&Files> {
+        self.files.as_ref()
     }
 
     /// The roles of this process's certificate (none without one).
@@ -312,3 +329,7 @@ pub fn serial_and_expiry(
     };
     Ok((serial, not_after))
 }
+
+#[cfg(test)]
+#[path = "creds_test.rs"]
+mod tests;
