@@ -423,10 +423,7 @@ async fn a_certificate_close_to_expiry_is_warned_and_reported() {
     let endpoint = format!("https://{listen}");
     let (ok, out, err) = run(&["status", "--endpoint", &endpoint]);
     assert!(ok, "{out}{err}");
-    assert!(
-        out.contains(&format!("tls_serial")) && out.contains(&serial),
-        "{out}"
-    );
+    assert!(out.contains("tls_serial") && out.contains(&serial), "{out}");
     assert!(
         out.contains("expires in 9 days") || out.contains("expires in 10 days"),
         "{out}"
