@@ -84,6 +84,9 @@ pub fn server_credentials(
                 .join(", ")
         );
     }
+    // A reload must keep every role too: a rotated certificate that drops
+    // one is refused like a malformed file.
+    creds.require(roles);
     Ok(Some(creds))
 }
 

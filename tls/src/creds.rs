@@ -83,6 +83,8 @@ pub struct Credentials {
     /// Counts successful reloads: what reads the same files for another
     /// config (the node-to-node QUIC transport) follows it ([`Credentials::changes`]).
     reloads: tokio::sync::watch::Sender<u64>,
+    /// Roles a reloaded certificate must still name ([`Credentials::require`]).
+    required: RwLock<Vec<Role>>,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -104,6 +106,7 @@ impl Credentials {
             files: Some(files),
             loaded: RwLock::new(Arc::new(loaded)),
             reloads: tokio::sync::watch::Sender::new(0),
+            required: RwLock::new(Vec::new()),
         }))
     }
 
@@ -119,6 +122,7 @@ impl Credentials {
             files: None,
             loaded: RwLock::new(Arc::new(loaded)),
             reloads: tokio::sync::watch::Sender::new(0),
+            required: RwLock::new(Vec::new()),
         }))
     }
 
@@ -133,6 +137,24 @@ impl Credentials {
             return Ok(());
         };
         let fresh = load_files(files)?;
+        let required = self.required.read().expect("credentials lock").clone();
+        if let (Some(missing), Some((cert, _))) = (
+            required.iter().find(|r| !fresh.roles.contains(r)),
+            &files.cert,
+        ) {
+            return Err(bad(
+                cert,
+                format!(
+                    "does not name {missing}, which this process runs as (it names {})",
+                    fresh
+                        .roles
+                        .iter()
+                        .map(|r| r.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
         let serial = fresh.serial.clone();
         *self.loaded.write().expect("credentials lock") = Arc::new(fresh);
         self.reloads.send_modify(|n| *n += 1);
@@ -141,6 +163,12 @@ impl Credentials {
             "TLS credentials reloaded"
         );
         Ok(())
+    }
+
+    /// Refuses, from now on, a reload whose certificate lacks one of
+    /// `roles` (a server's roles, checked at start the same way).
+    pub fn require(&self, roles: &[Role]) {
+        *self.required.write().expect("credentials lock") = roles.to_vec();
     }
 
     /// Changes each time a reload succeeds; a task that builds another

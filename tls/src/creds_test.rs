@@ -26,8 +26,12 @@ fn ca() -> Ca {
 
 /// A `node-1.stele` certificate and its key, both PEM.
 fn leaf(ca: &Ca) -> (String, String) {
+    leaf_named(ca, "node-1.stele")
+}
+
+fn leaf_named(ca: &Ca, name: &str) -> (String, String) {
     let key = KeyPair::generate().unwrap();
-    let params = CertificateParams::new(vec!["node-1.stele".to_string()]).unwrap();
+    let params = CertificateParams::new(vec![name.to_string()]).unwrap();
     let issuer = Issuer::from_params(&ca.params, &ca.key);
     let cert = params.signed_by(&key, &issuer).unwrap();
     (cert.pem(), key.serialize_pem())
@@ -47,11 +51,19 @@ fn a_reload_that_does_not_load_keeps_the_credentials_in_use() {
     let (cert2, key2) = leaf(&ca);
     write(dir.path(), &ca.pem, &cert1, &key1);
     let creds = Credentials::load(Files::in_dir(dir.path(), "node")).unwrap();
+    creds.require(&[Role::Node(1)]);
     let serial1 = creds.serial().unwrap();
     let changes = creds.changes();
+    let (cert_n2, key_n2) = leaf_named(&ca, "node-2.stele");
 
     let half = &cert2[..cert2.len() / 2];
-    let cases: [(&str, &str, &str, &str); 5] = [
+    let cases: [(&str, &str, &str, &str); 6] = [
+        (
+            "another node's certificate",
+            &cert_n2,
+            &key_n2,
+            "does not name node 1",
+        ),
         ("half written", half, &key1, "node.pem"),
         ("garbage", "not a certificate", &key1, "node.pem"),
         ("no PEM block", "", &key1, "node.pem"),
