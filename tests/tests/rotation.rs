@@ -6,8 +6,9 @@
 //! reads; no request may fail, and a fresh handshake to each node's gRPC
 //! port and to its node-to-node QUIC port must present the new
 //! certificate (compared by serial). Before that, hostile files (a
-//! half-written certificate, a key that does not match) must leave the
-//! old certificate in place and say why in the log.
+//! half-written certificate, a key that does not match, another node's
+//! certificate) must leave the old certificate in place and say why in
+//! the log.
 //!
 //! A certificate close to expiry is warned about at start and reported by
 //! `stele status` (`a_certificate_close_to_expiry_is_warned_and_reported`).
@@ -247,8 +248,9 @@ async fn certificates_rotate_on_a_live_cell_under_load() {
         .collect();
     wait_presented(&cell, &old, &tls, &prober, Duration::from_secs(5)).await;
 
-    // Hostile files on node 1: a half-written certificate, then a key
-    // that does not match. Each is refused; the old certificate stays.
+    // Hostile files on node 1: a half-written certificate, a key that
+    // does not match, another node's pair. Each is refused; the old
+    // certificate stays.
     let certs1 = d.join("certs1");
     let (good_cert, good_key) = (
         std::fs::read(certs1.join("node.pem")).unwrap(),
@@ -268,9 +270,16 @@ async fn certificates_rotate_on_a_live_cell_under_load() {
     .unwrap();
     tokio::time::sleep(Duration::from_millis(2500)).await;
     wait_presented(&cell, &only_node1, &tls, &prober, Duration::ZERO).await;
+    // A whole, valid pair of another node: not node 1's identity.
+    let node2 = d.join("other2");
+    issue(&ca, 2, &node2, "30");
+    write_in_place(&node2, &certs1);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    wait_presented(&cell, &only_node1, &tls, &prober, Duration::ZERO).await;
     std::fs::write(certs1.join("node.key"), &good_key).unwrap();
+    std::fs::write(certs1.join("node.pem"), &good_cert).unwrap();
     let said = log_of(&mut log, &nodes, 1).join("\n");
-    for why in ["node.pem", "does not match"] {
+    for why in ["node.pem", "does not match", "does not name node 1"] {
         assert!(
             said.lines()
                 .any(|l| l.contains("did not load") && l.contains(why)),
