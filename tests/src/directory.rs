@@ -97,4 +97,11 @@ impl Directory {
         a.extend(["--directory", &d, "--json"]);
         run(&a)
     }
+
+    /// The refusal's message; panics if the command succeeded.
+    pub fn refused(&self, args: &[&str]) -> String {
+        let (ok, out, err) = self.cli(args);
+        assert!(!ok, "{args:?} was accepted: {out}");
+        err
+    }
 }
