@@ -1,8 +1,9 @@
 //! Certificate rotation on a live three-node cell under load, the way
 //! docs/SECURITY.md "Rotating" tells an operator to do it: every node's
 //! certificate reissued from the same CA and written in place (key, then
-//! certificate; one node told with SIGHUP), then a second CA trusted next
-//! to the first and one node moved to it. Throughout, a client appends and
+//! certificate; one node told with SIGHUP), a SIGHUP alone for a change
+//! the file watch cannot see, then a second CA trusted next to the first
+//! and one node moved to it. Throughout, a client appends and
 //! reads; no request may fail, and a fresh handshake to each node's gRPC
 //! port and to its node-to-node QUIC port must present the new
 //! certificate (compared by serial). Before that, hostile files (a
@@ -118,6 +119,23 @@ async fn quic_serial(port: u16, n: usize, prober: &Path) -> Result<String, Strin
         .unwrap();
     conn.close(0u32.into(), b"probe");
     Ok(serial_of(&chain[0]))
+}
+
+/// Issues node `n` a pair into `out` whose files have the sizes of those
+/// in `like` (a P-256 signature's length varies, so it may take a few).
+fn same_sizes(ca: &Path, n: usize, like: &Path, out: &Path) -> std::path::PathBuf {
+    let size = |dir: &Path, f: &str| std::fs::metadata(dir.join(f)).unwrap().len();
+    for attempt in 0..40 {
+        let dir = out.join(attempt.to_string());
+        issue(ca, n, &dir, "365");
+        if ["node.key", "node.pem"]
+            .iter()
+            .all(|f| size(&dir, f) == size(like, f))
+        {
+            return dir;
+        }
+    }
+    panic!("no certificate of the same size in 40 issues");
 }
 
 /// Reads a key continuously, counting answers and failures.
@@ -333,6 +351,35 @@ async fn certificates_rotate_on_a_live_cell_under_load() {
             "node {n}'s transport should follow the reload:\n{l}"
         );
     }
+
+    // SIGHUP alone: node 3 gets a new pair the file watch cannot see (same
+    // sizes, modification times put back), keeps presenting its
+    // certificate, and takes the new one on SIGHUP.
+    let certs3 = d.join("certs3");
+    let hidden = same_sizes(&ca, 3, &certs3, &d.join("hup3"));
+    let times: Vec<SystemTime> = ["node.key", "node.pem"]
+        .iter()
+        .map(|f| {
+            std::fs::metadata(certs3.join(f))
+                .unwrap()
+                .modified()
+                .unwrap()
+        })
+        .collect();
+    write_in_place(&hidden, &certs3);
+    for (f, t) in ["node.key", "node.pem"].iter().zip(times) {
+        let file = std::fs::File::options()
+            .write(true)
+            .open(certs3.join(f))
+            .unwrap();
+        file.set_modified(t).unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let only_node3 = HashMap::from([(3, new[&3].clone())]);
+    wait_presented(&cell, &only_node3, &tls, &prober, Duration::ZERO).await;
+    signal(nodes[&3].child.id(), libc::SIGHUP);
+    let hup_serial = HashMap::from([(3, serial_on_disk(&hidden))]);
+    wait_presented(&cell, &hup_serial, &tls, &prober, Duration::from_secs(10)).await;
 
     // A second CA: trusted everywhere next to the first, then node 2
     // reissued from it. A client trusting only the old CA can no longer
