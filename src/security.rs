@@ -13,7 +13,10 @@
 //! ```
 //!
 //! A TLS server reloads its certificate, key and roots when a file
-//! changes or on SIGHUP (`stele_tls::creds`).
+//! changes or on SIGHUP (`stele_tls::creds`); the node-to-node QUIC
+//! transport follows the same reloads ([`follow_in_transport`]). While its
+//! certificate expires within 30 days it warns at start and daily
+//! (`stele_tls::expiry`).
 
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
@@ -81,13 +84,37 @@ pub fn server_credentials(
                 .join(", ")
         );
     }
+    // A reload must keep every role too: a rotated certificate that drops
+    // one is refused like a malformed file.
+    creds.require(roles);
     Ok(Some(creds))
 }
 
 /// Keeps `creds` current: reloads on a file change or SIGHUP, until
-/// `cancel`.
+/// `cancel`; warns while the certificate is close to expiry.
 pub fn keep_fresh(creds: &Arc<Credentials>, cancel: &CancellationToken) {
     stele_tls::creds::watch(creds.clone(), WATCH_EVERY, cancel.clone());
+    stele_tls::expiry::warn_before_expiry(
+        creds.clone(),
+        stele_tls::expiry::WARN_WITHIN,
+        stele_tls::expiry::CHECK_EVERY,
+        cancel.clone(),
+    );
+    let mut changes = creds.changes();
+    let followed = creds.clone();
+    let stop = cancel.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                changed = changes.changed() => if changed.is_err() { return },
+            }
+            tracing::info!(
+                serial = followed.serial().as_deref().unwrap_or("-"),
+                "TLS credentials reloaded: new handshakes present this certificate"
+            );
+        }
+    });
     let creds = creds.clone();
     let cancel = cancel.clone();
     tokio::spawn(async move {
@@ -103,6 +130,42 @@ pub fn keep_fresh(creds: &Arc<Credentials>, cancel: &CancellationToken) {
             match creds.reload() {
                 Ok(()) => eprintln!("stele: SIGHUP: TLS credentials reloaded"),
                 Err(e) => eprintln!("stele: SIGHUP: TLS credentials not reloaded: {e:#}"),
+            }
+        }
+    });
+}
+
+/// Makes the node-to-node transport present what `creds` (read from
+/// `dir`, the same `--certs`) present after each reload, until `cancel`.
+/// The transport reads the files again; if they no longer load, or name
+/// another node, it keeps its certificate and says why.
+pub fn follow_in_transport(
+    creds: &Arc<Credentials>,
+    dir: &Path,
+    transport: Arc<stele_node::transport::Transport>,
+    cancel: &CancellationToken,
+) {
+    let mut changes = creds.changes();
+    let dir = dir.to_path_buf();
+    let cancel = cancel.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                changed = changes.changed() => if changed.is_err() { return },
+            }
+            let reloaded = stele_node::certs::NodeIdentity::load(&dir)
+                .map_err(anyhow::Error::from)
+                .and_then(|id| Ok(transport.reload_identity(&id)?));
+            match reloaded {
+                Ok(()) => tracing::info!(
+                    serial = transport.certificate_serial(),
+                    "node-to-node transport: new connections present the reloaded certificate"
+                ),
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "node-to-node transport: reloaded certificate not taken; keeping the one in use"
+                ),
             }
         }
     });

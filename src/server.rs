@@ -120,7 +120,7 @@ pub async fn run_server(
         set_peer,
         filter_watch,
         peer_advertised,
-    } = open_node(options, peering, &cancel).await?;
+    } = open_node(options, peering, &tls, &cancel).await?;
     let agent = match roles.agent {
         Some(mut ao) => {
             ao.client_endpoint = advertised.clone();
@@ -233,10 +233,12 @@ async fn start_controller(
 /// Opens the node: alone, or with its certificate, QUIC transport and peer
 /// filter when it has peers.
 async fn open_node(
-    options: NodeOptions,
+    mut options: NodeOptions,
     peering: Option<Peering>,
+    tls: &Option<Arc<stele_tls::Credentials>>,
     cancel: &CancellationToken,
 ) -> anyhow::Result<OpenNode> {
+    options.tls.clone_from(tls);
     let Some(p) = peering else {
         let node = Node::open(options).await.context("open node")?;
         return Ok(OpenNode {
@@ -269,6 +271,23 @@ async fn open_node(
         transport.set_peer(*id, peer.clone());
     }
     let transport = Arc::new(transport);
+    // The transport follows the gRPC listener's reloads (the same
+    // `--certs`); with a plaintext listener it has credentials of its own,
+    // kept fresh the same way.
+    let creds = match tls {
+        Some(c) => c.clone(),
+        None => {
+            let c = stele_tls::Credentials::load(stele_tls::Files::in_dir(
+                &p.certs,
+                crate::security::SERVER_STEM,
+            ))
+            .with_context(|| format!("load node certificate from {}", p.certs.display()))?;
+            crate::security::keep_fresh(&c, cancel);
+            options.tls = Some(c.clone());
+            c
+        }
+    };
+    crate::security::follow_in_transport(&creds, &p.certs, transport.clone(), cancel);
     let t = transport.clone();
     let set_peer: stele_node::agent::SetPeer = Arc::new(move |id, addr| t.set_peer(id, addr));
     // Fault injection for partition tests: a file of node ids to cut off,

@@ -76,6 +76,9 @@ pub struct NodeOptions {
     /// Nodes whose Raft traffic this node drops (fault injection; empty
     /// unless a test or `STELE_PEER_BLOCK_FILE` sets it).
     pub peer_filter: Arc<crate::peering::PeerFilter>,
+    /// The TLS credentials this node presents (its `--certs`), reported by
+    /// `Status` (serial, expiry); `None` without a certificate.
+    pub tls: Option<Arc<stele_tls::Credentials>>,
     /// The data service's fail points (fault injection for in-process
     /// tests; this node's own, never armed otherwise).
     pub fail_points: Arc<crate::service::FailPoints>,
@@ -126,6 +129,7 @@ impl NodeOptions {
             batch_bytes_max: stele_proto::limits::BATCH_BYTES_MAX_DEFAULT,
             batch_records_max: stele_proto::limits::BATCH_RECORDS_MAX_DEFAULT,
             peer_filter: Default::default(),
+            tls: None,
             fail_points: Default::default(),
             controlled: false,
             unsafe_local_reads: false,
@@ -431,6 +435,7 @@ impl Node {
                 peer_filter: o.peer_filter.clone(),
                 tier: o.tier.clone(),
                 fail_points: o.fail_points.clone(),
+                tls: o.tls.clone(),
             },
             replicas: self.replicas.clone(),
             endpoints: self.endpoints.clone(),

@@ -64,6 +64,8 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
         let mut obj = serde_json::Map::new();
         obj.insert("version".into(), s.version.clone().into());
         obj.insert("journal_stopped".into(), s.journal_stopped.clone().into());
+        obj.insert("tls_serial".into(), s.tls_serial.clone().into());
+        obj.insert("tls_not_after_unix".into(), s.tls_not_after_unix.into());
         for (k, v) in numbers {
             obj.insert(k.into(), v.into());
         }
@@ -80,6 +82,27 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
         if !s.journal_stopped.is_empty() {
             writeln!(out, "{:<30} {}", "journal_stopped", s.journal_stopped)?;
         }
+        if !s.tls_serial.is_empty() {
+            writeln!(out, "{:<30} {}", "tls_serial", s.tls_serial)?;
+            writeln!(
+                out,
+                "{:<30} {} ({})",
+                "tls_not_after_unix",
+                s.tls_not_after_unix,
+                expires_in(s.tls_not_after_unix)
+            )?;
+        }
     }
     Ok(())
+}
+
+/// "in 10 days", or "EXPIRED", for a Unix time.
+fn expires_in(not_after_unix: u64) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    match not_after_unix.checked_sub(now) {
+        Some(left) => format!("expires in {} days", left / 86_400),
+        None => "EXPIRED".into(),
+    }
 }

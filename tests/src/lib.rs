@@ -10,6 +10,7 @@ pub mod bench;
 pub mod cell;
 pub mod compose;
 pub mod controlled;
+pub mod directory;
 pub mod tls;
 
 use std::io::{BufRead, BufReader};

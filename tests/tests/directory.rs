@@ -14,69 +14,10 @@ use std::time::Duration;
 use stele_client::admin::DirectoryAdmin;
 use stele_client::{Client, GlobalClient, ReadOptions, record};
 use stele_proto::pb;
+use stele_tests::Proc;
 use stele_tests::cell::client_options;
 use stele_tests::controlled::ControlledCell;
-use stele_tests::{Proc, free_port_base, run};
-
-struct Dir {
-    tmp: tempfile::TempDir,
-    base: u16,
-}
-
-impl Dir {
-    fn endpoint(&self, i: usize) -> String {
-        format!("http://127.0.0.1:{}", self.base + i as u16 - 1)
-    }
-
-    fn endpoints(&self) -> Vec<String> {
-        (1..=3).map(|i| self.endpoint(i)).collect()
-    }
-
-    fn arg(&self) -> String {
-        self.endpoints().join(",")
-    }
-
-    fn start(&self, i: usize) -> Proc {
-        let listen = format!("127.0.0.1:{}", self.base + i as u16 - 1);
-        let data = self.tmp.path().join(format!("dir{i}"));
-        Proc::start(
-            &[
-                "server",
-                "--roles",
-                "directory",
-                "--directory-id",
-                &i.to_string(),
-                "--listen",
-                &listen,
-                "--data-dir",
-                data.to_str().unwrap(),
-            ],
-            &[],
-        )
-        .unwrap_or_else(|e| panic!("directory {i}: {e}"))
-    }
-
-    /// `stele <args> --directory ... --json`, parsed; panics on failure.
-    fn json(&self, args: &[&str]) -> serde_json::Value {
-        let (ok, out, err) = self.cli(args);
-        assert!(ok, "{args:?}: {out}{err}");
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
-    }
-
-    fn cli(&self, args: &[&str]) -> (bool, String, String) {
-        let d = self.arg();
-        let mut a = args.to_vec();
-        a.extend(["--directory", &d, "--json"]);
-        run(&a)
-    }
-
-    /// The refusal's message; panics if the command succeeded.
-    fn refused(&self, args: &[&str]) -> String {
-        let (ok, out, err) = self.cli(args);
-        assert!(!ok, "{args:?} was accepted: {out}");
-        err
-    }
-}
+use stele_tests::directory::Directory;
 
 /// Every tablet's last log index on a node, summed: it moves only when
 /// something is committed on that cell.
@@ -117,10 +58,7 @@ async fn scan_values(g: &GlobalClient, ns: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespaces_route_across_cells_and_outlive_the_directory() {
-    let dir = Dir {
-        tmp: tempfile::tempdir().unwrap(),
-        base: free_port_base(3),
-    };
+    let dir = Directory::new(3, false);
     let mut members: HashMap<usize, Proc> = (1..=3).map(|i| (i, dir.start(i))).collect();
     let init = dir.json(&["directory", "init"]);
     assert_eq!(init["created"], true, "{init}");

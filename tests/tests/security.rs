@@ -1,6 +1,7 @@
 //! TLS and roles on a cell of real processes: every listener is TLS, and
 //! a caller without the identity a method needs is refused with
-//! `PermissionDenied` (or fails the handshake) and changes nothing.
+//! `PermissionDenied` (or fails the handshake) and changes nothing. The
+//! same for the directory quorum's operator methods and its Raft.
 
 use stele_proto::pb;
 use stele_tests::controlled::ControlledCell;
@@ -215,4 +216,106 @@ async fn a_foreign_ca_or_the_wrong_role_fails_the_handshake() {
         .await
         .expect_err("plaintext to a TLS port");
     assert_ne!(err.code(), Code::Ok);
+}
+
+/// What the directory holds, as the operator lists it.
+fn directory_state(dir: &stele_tests::directory::Directory) -> (serde_json::Value, String, String) {
+    (
+        dir.json(&["directory", "status"])["generation"].clone(),
+        dir.json(&["cell", "list"]).to_string(),
+        dir.json(&["ns", "list"]).to_string(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn directory_changes_need_an_operator_and_its_raft_a_member() {
+    let dir = stele_tests::directory::Directory::new(3, true);
+    let _members: Vec<_> = (1..=3).map(|i| dir.start(i)).collect();
+    assert!(dir.endpoint(1).starts_with("https://"));
+    let init = dir.json(&["directory", "init"]);
+    assert_eq!(init["created"], true, "{init}");
+    dir.json(&[
+        "cell",
+        "register",
+        "c1",
+        "--controllers",
+        "https://127.0.0.1:9",
+    ]);
+    let before = directory_state(&dir);
+
+    // A node's certificate of the same CA, a directory member's, and none.
+    stele_tests::make_certs(dir.tmp.path(), 1);
+    let callers = [
+        ("no certificate", anonymous_tls()),
+        ("a node", identity(&dir.tmp.path().join("certs1"))),
+        ("a directory member", identity(&dir.certs(2))),
+    ];
+    for (who, tls) in &callers {
+        for i in 1..=3 {
+            let mut d = pb::directory_client::DirectoryClient::new(channel(
+                &dir.endpoint(i),
+                tls,
+                Kind::Directory,
+            ));
+            let err = d
+                .register_cell(pb::RegisterCellRequest {
+                    id: "evil".into(),
+                    controllers: vec!["https://127.0.0.1:9".into()],
+                    ..Default::default()
+                })
+                .await
+                .expect_err("RegisterCell without an operator");
+            assert_eq!(err.code(), Code::PermissionDenied, "{who}: {err:?}");
+            assert!(err.message().contains("operator"), "{who}: {err:?}");
+            let err = d
+                .create_namespace(pb::CreateNamespaceRequest {
+                    name: "evil/ns".into(),
+                    cell: "c1".into(),
+                    ..Default::default()
+                })
+                .await
+                .expect_err("CreateNamespace without an operator");
+            assert_eq!(err.code(), Code::PermissionDenied, "{who}: {err:?}");
+            // Reads stay open to any TLS client (a follower answers
+            // NotLeader: not a refusal).
+            if let Err(e) = d.list_cells(pb::ListCellsRequest {}).await {
+                assert_ne!(e.code(), Code::PermissionDenied, "{who}: list cells: {e:?}");
+            }
+        }
+    }
+
+    // Raft to the directory quorum from a non-member (a node, an
+    // operator, nobody): refused before the body is decoded.
+    for (who, tls) in [
+        ("a node", identity(&dir.tmp.path().join("certs1"))),
+        ("the operator", client_tls()),
+        ("no certificate", anonymous_tls()),
+    ] {
+        let mut q =
+            pb::quorum_client::QuorumClient::new(channel(&dir.endpoint(1), &tls, Kind::Directory));
+        let err = q
+            .raft(pb::RaftMessage {
+                body: vec![0xa2, 0x61, 0x76, 0x01],
+            })
+            .await
+            .expect_err("Raft from a non-member");
+        assert_eq!(err.code(), Code::PermissionDenied, "{who}: {err:?}");
+    }
+    assert_eq!(
+        directory_state(&dir),
+        before,
+        "a refused call changed the directory"
+    );
+
+    // The operator may: the same calls with its certificate.
+    dir.json(&[
+        "cell",
+        "register",
+        "c2",
+        "--controllers",
+        "https://127.0.0.1:9",
+    ]);
+    let ns = dir.json(&["ns", "create", "ok/ns", "--cell", "c1"]);
+    assert_eq!(ns["cell"], "c1", "{ns}");
+    assert_ne!(directory_state(&dir).0, before.0);
 }

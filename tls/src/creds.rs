@@ -80,6 +80,11 @@ pub(crate) struct Loaded {
 pub struct Credentials {
     files: Option<Files>,
     loaded: RwLock<Arc<Loaded>>,
+    /// Counts successful reloads: what reads the same files for another
+    /// config (the node-to-node QUIC transport) follows it ([`Credentials::changes`]).
+    reloads: tokio::sync::watch::Sender<u64>,
+    /// Roles a reloaded certificate must still name ([`Credentials::require`]).
+    required: RwLock<Vec<Role>>,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -100,6 +105,8 @@ impl Credentials {
         Ok(Arc::new(Credentials {
             files: Some(files),
             loaded: RwLock::new(Arc::new(loaded)),
+            reloads: tokio::sync::watch::Sender::new(0),
+            required: RwLock::new(Vec::new()),
         }))
     }
 
@@ -114,6 +121,8 @@ impl Credentials {
         Ok(Arc::new(Credentials {
             files: None,
             loaded: RwLock::new(Arc::new(loaded)),
+            reloads: tokio::sync::watch::Sender::new(0),
+            required: RwLock::new(Vec::new()),
         }))
     }
 
@@ -128,13 +137,49 @@ impl Credentials {
             return Ok(());
         };
         let fresh = load_files(files)?;
+        let required = self.required.read().expect("credentials lock").clone();
+        if let (Some(missing), Some((cert, _))) = (
+            required.iter().find(|r| !fresh.roles.contains(r)),
+            &files.cert,
+        ) {
+            return Err(bad(
+                cert,
+                format!(
+                    "does not name {missing}, which this process runs as (it names {})",
+                    fresh
+                        .roles
+                        .iter()
+                        .map(|r| r.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
         let serial = fresh.serial.clone();
         *self.loaded.write().expect("credentials lock") = Arc::new(fresh);
+        self.reloads.send_modify(|n| *n += 1);
         tracing::info!(
             serial = serial.as_deref().unwrap_or("-"),
             "TLS credentials reloaded"
         );
         Ok(())
+    }
+
+    /// Refuses, from now on, a reload whose certificate lacks one of
+    /// `roles` (a server's roles, checked at start the same way).
+    pub fn require(&self, roles: &[Role]) {
+        *self.required.write().expect("credentials lock") = roles.to_vec();
+    }
+
+    /// Changes each time a reload succeeds; a task that builds another
+    /// config from the same files waits on it (`changed()`).
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.reloads.subscribe()
+    }
+
+    /// The files these credentials are read from (none from memory).
+    pub fn files(&self) -> Option<&Files> {
+        self.files.as_ref()
     }
 
     /// The roles of this process's certificate (none without one).
@@ -312,3 +357,7 @@ pub fn serial_and_expiry(
     };
     Ok((serial, not_after))
 }
+
+#[cfg(test)]
+#[path = "creds_test.rs"]
+mod tests;

@@ -3,6 +3,7 @@
 //! ```text
 //! roles    who a certificate speaks for (node-<id>.stele, controller-<id>.stele, ...)
 //! creds    roots + own certificate/key, reloadable (SIGHUP, file change)
+//! expiry   a WARN at start and daily while the certificate expires within 30 days
 //! server   rustls server config, the TLS connection stream tonic serves
 //! client   channels to https:// endpoints that check the server's role
 //! auth     method -> role table, the layer that enforces it, Caller
@@ -19,6 +20,7 @@ use std::sync::{Arc, OnceLock};
 pub mod auth;
 pub mod client;
 pub mod creds;
+pub mod expiry;
 pub mod roles;
 pub mod server;
 pub mod token;

@@ -674,6 +674,7 @@ impl Data for DataService {
                 .load(std::sync::atomic::Ordering::Relaxed);
         }
         let tier = self.node.options.tier.clone();
+        let tls = &self.node.options.tls;
         let tier_stat = |f: fn(&crate::tier::TierStats) -> &std::sync::atomic::AtomicU64| {
             tier.as_ref().map_or(0, |t| {
                 f(&t.stats).load(std::sync::atomic::Ordering::Relaxed)
@@ -739,6 +740,12 @@ impl Data for DataService {
             cold_bytes_cached: tier_stat(|s| &s.cold_bytes_cached),
             peer_bytes_in: ts.as_ref().map_or(0, |t| t.bytes_in),
             peer_bytes_out: ts.as_ref().map_or(0, |t| t.bytes_out),
+            tls_serial: tls.as_ref().and_then(|c| c.serial()).unwrap_or_default(),
+            tls_not_after_unix: tls
+                .as_ref()
+                .and_then(|c| c.not_after())
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_secs()),
         }))
     }
 }

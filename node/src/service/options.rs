@@ -69,6 +69,9 @@ pub struct DataOptions {
     pub peer_filter: Arc<PeerFilter>,
     pub tier: Option<Arc<crate::tier::Tier>>,
     pub fail_points: Arc<FailPoints>,
+    /// The certificate `Status` reports (serial, expiry), read at each call
+    /// so a rotation shows.
+    pub tls: Option<Arc<stele_tls::Credentials>>,
 }
 
 /// Everything the data service reads or proposes to.

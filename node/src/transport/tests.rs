@@ -1065,3 +1065,46 @@ async fn a_peer_name_is_resolved_again_on_reconnect() {
     t1.shutdown().await;
     t2b.shutdown().await;
 }
+
+/// The serial of the certificate a fresh handshake to `t` shows.
+async fn presented_serial(t: &Transport, dialer: &NodeIdentity) -> String {
+    let (client, _) = RawClient::connect(dialer, t.local_addr().unwrap(), dialer.node_id()).await;
+    let chain = client
+        .conn
+        .peer_identity()
+        .unwrap()
+        .downcast::<Vec<rustls_pki_types::CertificateDer<'static>>>()
+        .unwrap();
+    stele_tls::creds::serial_and_expiry(&chain[0]).unwrap().0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reloaded_identity_is_presented_on_new_connections() {
+    let (ca, ids) = NodeIdentity::ephemeral_cell(3).unwrap();
+    let ts: Vec<Arc<Transport>> = ids[..2]
+        .iter()
+        .map(|id| Arc::new(bind(options(id.clone(), any_port()), 4).0))
+        .collect();
+    ts[0].set_peer(2, ts[1].local_addr().unwrap());
+    ts[1].set_peer(1, ts[0].local_addr().unwrap());
+    assert_eq!(ts[1].call(1, control(3, 1, b"hi")).await.unwrap(), "hi");
+    let old = ts[0].certificate_serial();
+    assert_eq!(presented_serial(&ts[0], &ids[2]).await, old);
+
+    let rotated = ca.issue(1).unwrap();
+    ts[0].reload_identity(&rotated).unwrap();
+    let new = ts[0].certificate_serial();
+    assert_ne!(new, old);
+    assert_eq!(presented_serial(&ts[0], &ids[2]).await, new);
+    // The open connection keeps working.
+    assert_eq!(
+        ts[1].call(1, control(3, 1, b"again")).await.unwrap(),
+        "again"
+    );
+
+    // Another node's certificate is refused and the current one kept.
+    let err = ts[0].reload_identity(&ca.issue(2).unwrap()).unwrap_err();
+    assert!(err.to_string().contains("node 2"), "{err}");
+    assert_eq!(presented_serial(&ts[0], &ids[2]).await, new);
+    shutdown_all(&ts).await;
+}

@@ -3,8 +3,13 @@
 //! One crypto provider (aws-lc-rs) is named explicitly for every config:
 //! with two providers compiled in, rustls' default builders panic
 //! (STACK.md). TLS 1.3 only, ALPN `stele-node/1` on both sides.
+//!
+//! [`Presented`] holds what the transport presents now: a new identity
+//! (a rotated certificate, new roots) replaces the endpoint's server
+//! config and the client config of later dials; connections already
+//! open keep the certificate they were made with.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use rustls::RootCertStore;
@@ -69,6 +74,72 @@ pub fn client_config(
     let mut client = quinn::ClientConfig::new(Arc::new(quic));
     client.transport_config(transport);
     Ok(client)
+}
+
+/// The transport's current TLS configs and the serial they present.
+pub(super) struct Presented {
+    node_id: u64,
+    transport: Arc<quinn::TransportConfig>,
+    now: Mutex<(quinn::ClientConfig, String)>,
+}
+
+impl Presented {
+    /// The configs of `identity`, and the server config for the endpoint.
+    pub(super) fn new(
+        identity: &NodeIdentity,
+        transport: Arc<quinn::TransportConfig>,
+    ) -> Result<(Presented, quinn::ServerConfig)> {
+        let server = server_config(identity, transport.clone())?;
+        let client = client_config(identity, transport.clone())?;
+        let presented = Presented {
+            node_id: identity.node_id(),
+            transport,
+            now: Mutex::new((client, serial(identity)?)),
+        };
+        Ok((presented, server))
+    }
+
+    /// The client config of a new dial.
+    pub(super) fn client(&self) -> quinn::ClientConfig {
+        self.now.lock().expect("tls lock").0.clone()
+    }
+
+    /// The serial of the certificate new connections present.
+    pub(super) fn serial(&self) -> String {
+        self.now.lock().expect("tls lock").1.clone()
+    }
+
+    /// Presents `identity` on every later connection, both ways. Refuses
+    /// (and keeps the current one) an identity of another node.
+    pub(super) fn replace(
+        &self,
+        endpoint: &quinn::Endpoint,
+        identity: &NodeIdentity,
+    ) -> Result<()> {
+        if identity.node_id() != self.node_id {
+            return Err(Error::Config(format!(
+                "the new certificate names node {}, not {}",
+                identity.node_id(),
+                self.node_id
+            )));
+        }
+        let server = server_config(identity, self.transport.clone())?;
+        let client = client_config(identity, self.transport.clone())?;
+        let serial = serial(identity)?;
+        let mut now = self.now.lock().expect("tls lock");
+        endpoint.set_server_config(Some(server));
+        *now = (client, serial);
+        Ok(())
+    }
+}
+
+fn serial(identity: &NodeIdentity) -> Result<String> {
+    let leaf = identity
+        .cert_chain()
+        .first()
+        .ok_or_else(|| Error::Tls("empty certificate chain".into()))?;
+    let (serial, _) = stele_tls::creds::serial_and_expiry(leaf).map_err(Error::Tls)?;
+    Ok(serial)
 }
 
 /// The node id in the verified client certificate of an accepted connection.
