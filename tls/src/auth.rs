@@ -249,7 +249,7 @@ where
                 tls: true,
                 roles: info
                     .peer_certs()
-                    .and_then(|certs| certs.first().and_then(|c| roles_of(c).ok()))
+                    .and_then(|certs| certs.first().map(|c| cached_roles(c)))
                     .unwrap_or_default(),
             },
         };
@@ -262,6 +262,29 @@ where
         req.extensions_mut().insert(caller);
         Box::pin(self.inner.call(req))
     }
+}
+
+/// Certificates whose roles were read, by their DER bytes: a client sends
+/// many requests on one connection, and parsing its certificate each time
+/// costs more than the lookup.
+const ROLES_CACHED_MAX: usize = 1024;
+
+/// The roles of a verified client certificate (none if it names none).
+fn cached_roles(cert: &rustls_pki_types::CertificateDer<'_>) -> Vec<Role> {
+    use std::collections::HashMap;
+    use std::sync::{OnceLock, RwLock};
+    static CACHE: OnceLock<RwLock<HashMap<Vec<u8>, Vec<Role>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(roles) = cache.read().expect("lock poisoned").get(cert.as_ref()) {
+        return roles.clone();
+    }
+    let roles = roles_of(cert).unwrap_or_default();
+    let mut c = cache.write().expect("lock poisoned");
+    if c.len() >= ROLES_CACHED_MAX {
+        c.clear();
+    }
+    c.insert(cert.to_vec(), roles.clone());
+    roles
 }
 
 /// Logs and counts one refusal (`stele_auth_refused_total{method}`).
