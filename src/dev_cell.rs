@@ -229,6 +229,8 @@ pub async fn run(
             cmd.env_remove(v);
         }
         cmd.envs(flags.env.iter().map(|(k, v)| (k, v)));
+        // The children log as the parent was told to.
+        cmd.env("STELE_LOG_FORMAT", crate::logging::format().name());
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());

@@ -12,6 +12,7 @@ mod cmd;
 mod config;
 mod dev_cell;
 mod http;
+mod logging;
 mod security;
 mod server;
 mod stop;
@@ -35,6 +36,9 @@ struct Cli {
     /// STELE_TOKEN; never on the command line).
     #[arg(long, env = "STELE_TOKEN_FILE")]
     token_file: Option<std::path::PathBuf>,
+    /// How log lines are written to stderr (levels: RUST_LOG).
+    #[arg(long, env = "STELE_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: logging::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -114,15 +118,8 @@ const VERSION: &str = concat!(
 
 fn run() -> anyhow::Result<()> {
     stele_proto::formats::set_binary_version(VERSION.into());
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn,stele=info,stele_node=info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    // `stele server` also reads STELE_* variables and --config (config.rs).
     let cli: Cli = config::parse_cli()?;
+    logging::init(cli.log_format);
     security::set_cli(cli.certs_dir.as_deref(), cli.token_file.as_deref())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

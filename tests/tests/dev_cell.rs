@@ -10,6 +10,54 @@ use stele_client::{Client, ClientOptions};
 use stele_proto::pb;
 use stele_tests::Proc;
 
+/// The WARN and ERROR lines a process printed so far.
+fn warnings(proc: &Proc) -> Vec<String> {
+    proc.stderr_lines()
+        .into_iter()
+        .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_dev_cell_prints_no_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let listen = format!("127.0.0.1:{}", stele_tests::free_port_base(1));
+    let d = dir.path().to_str().unwrap();
+    let args = [
+        "dev",
+        "--data-dir",
+        d,
+        "--listen",
+        &listen,
+        "--shutdown-deadline-ms",
+        "60000",
+    ];
+    let proc = Proc::start(&args, &[]).unwrap();
+    let c = Client::connect(&proc.endpoint, ClientOptions::default())
+        .await
+        .unwrap();
+    for i in 0..10u64 {
+        c.append(
+            "dev/quiet",
+            vec![stele_client::record(format!("k{i}"), i, b"v".to_vec())],
+        )
+        .await
+        .unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let warnings = warnings(&proc);
+    assert!(warnings.is_empty(), "{}", warnings.join("\n"));
+    // A one-node cell has no one to hand its leaderships to: its stop
+    // does not wait out the hand-off deadline.
+    let stopping = std::time::Instant::now();
+    assert!(proc.terminate().success());
+    assert!(
+        stopping.elapsed() < Duration::from_secs(30),
+        "a one-node stop waited {:?} for a hand-off that cannot happen",
+        stopping.elapsed()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dev_nodes_3_runs_a_replicated_cell_and_stops_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -46,6 +94,10 @@ async fn dev_nodes_3_runs_a_replicated_cell_and_stops_it() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let client = client.expect("the dev cell never had leaders for every tablet");
+    // A clean start says nothing alarming (openraft's routine start-up
+    // chatter is demoted: src/logging.rs).
+    let warnings = warnings(&proc);
+    assert!(warnings.is_empty(), "{}", warnings.join("\n"));
     for i in 0..20u64 {
         client
             .append(
