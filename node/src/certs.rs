@@ -1,8 +1,8 @@
 //! The cell CA and node certificates that authenticate node-to-node traffic.
 //!
 //! ```text
-//! stele cert init-ca  <ca_dir>            -> ca.key (0600), ca.pem
-//! stele cert issue    <ca_dir> <id> <out> -> node.key (0600), node.pem, ca.pem
+//! stele cert init  --out <ca_dir>                          -> ca.key (0600), ca.pem
+//! stele cert issue --ca <ca_dir> --node-id <id> --out <out> -> node.key (0600), node.pem, ca.pem
 //! NodeIdentity::load(<out>)               -> chain + key + CA roots for the transport
 //! ```
 //!
@@ -55,7 +55,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// operator knows which one to restore or re-issue.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{}: missing; create it with `stele cert init-ca` or `stele cert issue`", .path.display())]
+    #[error("{}: missing; create it with `stele cert init --out CA` and `stele cert issue --ca CA --node-id N --out DIR`", .path.display())]
     Missing { path: PathBuf },
     #[error("{}: {source}", .path.display())]
     Io {
