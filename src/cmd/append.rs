@@ -4,14 +4,15 @@ use anyhow::Context;
 use clap::Args;
 use stele_client::{Position, record};
 
-use super::client::{DEFAULT_ENDPOINT, client_for, now_us, position_json, position_text};
+use super::client::{client_for, now_us, position_json, position_text};
 
 /// `stele append`: append one record and print its position.
 #[derive(Debug, Clone, Args)]
 pub struct AppendArgs {
-    /// A node of the cell.
-    #[arg(long, default_value = DEFAULT_ENDPOINT)]
-    pub endpoint: String,
+    /// A node of the cell (default http://127.0.0.1:7450, unless a
+    /// directory is given). Given, it wins over `STELE_DIRECTORY`.
+    #[arg(long)]
+    pub endpoint: Option<String>,
     /// Route through the global directory instead (`URL,...`): the
     /// namespace's cell is looked up there (`--endpoint` is ignored).
     #[arg(long, value_delimiter = ',', env = "STELE_DIRECTORY")]
@@ -33,7 +34,7 @@ pub struct AppendArgs {
 
 /// Appends one record; returns its position.
 pub async fn append_one(args: &AppendArgs) -> anyhow::Result<(u64, Position)> {
-    let client = client_for(&args.endpoint, &args.directory, &args.namespace).await?;
+    let client = client_for(args.endpoint.as_deref(), &args.directory, &args.namespace).await?;
     let ts = args.ts.unwrap_or_else(now_us);
     let positions = client
         .append(

@@ -28,15 +28,25 @@ pub fn position_text(p: Option<&Position>) -> String {
     )
 }
 
-/// A client of the cell that holds `namespace`: through the directory when
-/// one is given (which may create the namespace on first use, if it allows
-/// that), else through the node at `endpoint`.
+/// A client of the cell that holds `namespace`: through the node at
+/// `endpoint` when one is given; else through the directory when one is
+/// (which may create the namespace on first use, if it allows that); else
+/// through the local node ([`DEFAULT_ENDPOINT`]).
 pub async fn client_for(
-    endpoint: &str,
+    endpoint: Option<&str>,
     directory: &[String],
     namespace: &str,
 ) -> anyhow::Result<Client> {
+    if let Some(endpoint) = endpoint {
+        if !directory.is_empty() {
+            eprintln!("stele: --endpoint {endpoint} given: not routing through the directory");
+        }
+        return Client::connect(endpoint, crate::security::cli_options()?)
+            .await
+            .with_context(|| format!("connecting to {endpoint}"));
+    }
     if directory.is_empty() {
+        let endpoint = DEFAULT_ENDPOINT;
         return Client::connect(endpoint, crate::security::cli_options()?)
             .await
             .with_context(|| format!("connecting to {endpoint}"));

@@ -7,13 +7,15 @@ use std::io::Write;
 use clap::Args;
 use stele_client::{ReadOptions, Row};
 
-use super::client::{DEFAULT_ENDPOINT, client_for, position_json, position_text};
+use super::client::{client_for, position_json, position_text};
 
 /// `stele scan`: print records of a key (`--key`) or of a namespace.
 #[derive(Debug, Clone, Args)]
 pub struct ScanArgs {
-    #[arg(long, default_value = DEFAULT_ENDPOINT)]
-    pub endpoint: String,
+    /// A node of the cell (default http://127.0.0.1:7450, unless a
+    /// directory is given). Given, it wins over `STELE_DIRECTORY`.
+    #[arg(long)]
+    pub endpoint: Option<String>,
     /// Route through the global directory instead (`URL,...`).
     #[arg(long, value_delimiter = ',', env = "STELE_DIRECTORY")]
     pub directory: Vec<String>,
@@ -41,7 +43,7 @@ pub struct ScanArgs {
 
 /// Reads up to `args.limit` rows, following cursors.
 pub async fn scan_rows(args: &ScanArgs) -> anyhow::Result<Vec<Row>> {
-    let client = client_for(&args.endpoint, &args.directory, &args.namespace).await?;
+    let client = client_for(args.endpoint.as_deref(), &args.directory, &args.namespace).await?;
     let read = ReadOptions::default();
     let prefix = args.prefix.as_deref().unwrap_or("").as_bytes();
     let mut rows = Vec::new();
@@ -206,7 +208,7 @@ TS     KEY         VALUE  POSITION
         let endpoint = node.serve().await.unwrap();
         for (key, ts) in [("a", 10), ("b", 20), ("a", 30)] {
             let args = AppendArgs {
-                endpoint: endpoint.clone(),
+                endpoint: Some(endpoint.clone()),
                 directory: vec![],
                 namespace: "acme/web".into(),
                 key: key.into(),
@@ -218,7 +220,7 @@ TS     KEY         VALUE  POSITION
             assert_eq!((got_ts, pos.tablet), (ts, 1));
         }
         let mut args = ScanArgs {
-            endpoint: endpoint.clone(),
+            endpoint: Some(endpoint.clone()),
             directory: vec![],
             namespace: "acme/web".into(),
             key: Some("a".into()),

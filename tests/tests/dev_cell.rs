@@ -44,6 +44,29 @@ async fn a_fresh_dev_cell_prints_no_warning() {
         .await
         .unwrap();
     }
+    // An explicit --endpoint wins over a STELE_DIRECTORY in the
+    // environment (which names nothing that answers here).
+    let ep = proc.endpoint.clone();
+    let (ok, out, err) = tokio::task::spawn_blocking(move || {
+        stele_tests::run_env(
+            &[
+                "append",
+                "--endpoint",
+                &ep,
+                "--namespace",
+                "dev/quiet",
+                "--key",
+                "direct",
+                "--value",
+                "v",
+            ],
+            &[("STELE_DIRECTORY", "http://127.0.0.1:9")],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(ok, "{out}{err}");
+    assert!(err.contains("not routing through the directory"), "{err}");
     tokio::time::sleep(Duration::from_secs(1)).await;
     let warnings = warnings(&proc);
     assert!(warnings.is_empty(), "{}", warnings.join("\n"));
