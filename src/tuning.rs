@@ -167,6 +167,13 @@ impl ColdTierArgs {
     /// The node's cold tier, if one is configured.
     pub fn open(&self) -> anyhow::Result<Option<Arc<stele_node::tier::Tier>>> {
         let Some(url) = &self.object_store else {
+            // Retention drops segments in the cold tier: without one it
+            // would do nothing, which must not pass for working.
+            if let Some(r) = self.retention.first() {
+                anyhow::bail!(
+                    "--retention {r} needs --object-store: retention drops whole segments uploaded to the bucket"
+                );
+            }
             return Ok(None);
         };
         let o = self.tier_options(url)?;

@@ -65,7 +65,7 @@ pub async fn run(a: RestoreArgs) -> anyhow::Result<()> {
         );
     }
     println!(
-        "restored {} bytes into {}; start it with `stele server --node-id {} --data-dir {}` (every segment checked)",
+        "restored {} bytes into {}; start it with `stele server --node-id {} --data-dir {} --listen HOST:PORT --object-store {from} --cell-id {cell}` (every segment checked)",
         report.bytes,
         data_dir.display(),
         a.node_id,

@@ -179,6 +179,25 @@ fn unknown_keys_and_bad_values_are_refused_naming_the_key() {
         "{}",
         stderr(&o)
     );
+    // Retention without a bucket would drop nothing: refused, not ignored.
+    let o = stele_env(
+        &[
+            "server",
+            "--listen",
+            "127.0.0.1:1",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--retention",
+            "acme/web=60",
+        ],
+        &[],
+    );
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("--retention acme/web=60 needs --object-store"),
+        "{}",
+        stderr(&o)
+    );
     assert!(!data.exists(), "a refused start created its data directory");
 }
 
