@@ -465,10 +465,7 @@ impl Node {
                 .into_iter()
                 .filter(|r| r.is_leader())
                 .collect();
-            // A group's only voter has no one to hand to: waiting for it
-            // would only spend the deadline (a one-node cell's stop).
-            let movable = leading.iter().filter(|r| !r.sole_voter()).count();
-            if movable == 0 || started.elapsed() >= deadline {
+            if leading.is_empty() || started.elapsed() >= deadline {
                 return DrainReport {
                     handed_off: handed.len(),
                     still_leading: leading.len(),

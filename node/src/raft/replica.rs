@@ -81,16 +81,6 @@ impl Replica {
         Some(to)
     }
 
-    /// Whether this replica is its group's only voter (no one to hand
-    /// its leadership to).
-    pub fn sole_voter(&self) -> bool {
-        let m = self.raft.metrics().borrow_watched().clone();
-        m.membership_config
-            .membership()
-            .voter_ids()
-            .all(|v| v == self.replica_id)
-    }
-
     pub fn is_leader(&self) -> bool {
         self.leader() == Some(self.replica_id)
     }
