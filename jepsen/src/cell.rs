@@ -1,5 +1,6 @@
 //! The cell under test: real `stele server` processes, one per node, peers
-//! over QUIC with mutual TLS, each node's stderr in the run's store.
+//! over QUIC with mutual TLS, gRPC over TLS (but for an upgrade run:
+//! [`crate::tls`]), each node's stderr in the run's store.
 //!
 //! With network namespaces (`CellSpec::netns`, where root, iproute2 and
 //! nftables are at hand) every node runs in its own namespace behind a

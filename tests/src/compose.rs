@@ -265,7 +265,7 @@ fn make_certs(root: &Path) {
             "issue",
             "--ca",
             ca,
-            flag,
+            *flag,
             &id,
             "--out",
             out.to_str().unwrap(),
