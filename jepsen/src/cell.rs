@@ -1,5 +1,6 @@
 //! The cell under test: real `stele server` processes, one per node, peers
-//! over QUIC with mutual TLS, each node's stderr in the run's store.
+//! over QUIC with mutual TLS, gRPC over TLS (but for an upgrade run:
+//! [`crate::tls`]), each node's stderr in the run's store.
 //!
 //! With network namespaces (`CellSpec::netns`, where root, iproute2 and
 //! nftables are at hand) every node runs in its own namespace behind a
@@ -54,6 +55,9 @@ pub struct CellSpec {
     /// libfaketime (`libfaketimeMT.so.1`) preloaded into every node, each
     /// reading its wall-clock offset from a file the clock nemesis writes.
     pub faketime: Option<PathBuf>,
+    /// TLS on gRPC (clients, the controller, operator commands); false
+    /// only where an older binary without it runs ([`crate::tls`]).
+    pub grpc_tls: bool,
 }
 
 /// An S3-compatible server and a bucket on it (credentials: any, as moto
@@ -92,6 +96,8 @@ pub struct Cell {
     /// The proxy between the nodes and the S3 server, and the object-key
     /// prefix of this run.
     s3: Option<(crate::s3proxy::S3Proxy, String)>,
+    /// With TLS on gRPC: the client and operator credentials.
+    tls: Option<crate::tls::CellTls>,
 }
 
 /// A base port with `n` TCP ports and `n` UDP ports 100 above free, below
@@ -285,24 +291,8 @@ impl Cell {
         // Absolute, so the bucket's file:// URL and every node's paths hold
         // whatever directory a node process runs in.
         let dir = &std::path::absolute(dir)?;
-        let ca = dir.join("ca");
-        run(&spec.bin, &["cert", "init", "--out", ca.to_str().unwrap()])?;
-        for n in 1..=spec.nodes {
-            let out = dir.join(format!("certs{n}"));
-            run(
-                &spec.bin,
-                &[
-                    "cert",
-                    "node",
-                    "--ca",
-                    ca.to_str().unwrap(),
-                    "--node-id",
-                    &n.to_string(),
-                    "--out",
-                    out.to_str().unwrap(),
-                ],
-            )?;
-        }
+        let tls =
+            crate::tls::make_certs(dir, spec.nodes, spec.grpc_tls, |args| run(&spec.bin, args))?;
         let net = if spec.netns {
             Some(crate::netns::Netns::create(spec.nodes, seed)?)
         } else {
@@ -327,6 +317,7 @@ impl Cell {
             controller: None,
             net,
             s3: None,
+            tls,
         };
         if let (true, Some(server)) = (cell.spec.cold, &cell.spec.s3) {
             // Nodes in namespaces reach the runner on the bridge.
@@ -354,7 +345,7 @@ impl Cell {
                     .saturating_duration_since(Instant::now())
                     .max(Duration::from_secs(5));
                 let out = output_within(
-                    Command::new(&cell.spec.bin)
+                    cell.operator_command()
                         .args(["cell", "init", "--controllers", &cell.controller_endpoint()])
                         .args([
                             "--tablets",
@@ -387,12 +378,15 @@ impl Cell {
             Some(net) => format!("{}:{NS_CONTROLLER_PORT}", net.gateway()),
             None => format!("127.0.0.1:{}", self.controller_port()),
         };
-        let child = Command::new(&self.spec.bin)
-            .args(["server", "--roles", "controller", "--controller-id", "1"])
-            .args(["--listen", &listen])
-            // Jepsen's cell is plaintext on gRPC for now (its certificates
-            // serve node-to-node QUIC); see docs/JEPSEN.md.
-            .arg("--insecure-plaintext")
+        let mut cmd = Command::new(&self.spec.bin);
+        cmd.args(["server", "--roles", "controller", "--controller-id", "1"])
+            .args(["--listen", &listen]);
+        match &self.tls {
+            Some(tls) => cmd.arg("--certs").arg(&tls.controller_dir),
+            // Plaintext only beside an older binary without gRPC TLS.
+            None => cmd.arg("--insecure-plaintext"),
+        };
+        let child = cmd
             .arg("--data-dir")
             .arg(self.dir.join("controller"))
             .args(["--lease-ms", "4000", "--repair-grace-ms", "600000"])
@@ -439,10 +433,68 @@ impl Cell {
     }
 
     pub fn controller_endpoint(&self) -> String {
+        let scheme = crate::tls::scheme(&self.tls);
         match &self.net {
-            Some(net) => format!("http://{}:{NS_CONTROLLER_PORT}", net.gateway()),
-            None => format!("http://127.0.0.1:{}", self.controller_port()),
+            Some(net) => format!("{scheme}://{}:{NS_CONTROLLER_PORT}", net.gateway()),
+            None => format!("{scheme}://127.0.0.1:{}", self.controller_port()),
         }
+    }
+
+    /// Whether gRPC is TLS in this cell.
+    pub fn grpc_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// The data clients' TLS (the cell CA, no certificate); `None` when
+    /// gRPC is plaintext.
+    pub fn client_tls(&self) -> Option<stele_tls::ClientTls> {
+        self.tls.as_ref().map(|t| t.client.clone())
+    }
+
+    /// A raw data-API client of node `n`, as a data client of the cell.
+    pub fn data_client(
+        &self,
+        n: usize,
+    ) -> anyhow::Result<stele_proto::pb::data_client::DataClient<tonic::transport::Channel>> {
+        crate::tls::data_client(&self.endpoint(n), self.client_tls().as_ref())
+    }
+
+    /// Checks that gRPC really is TLS, and that it refuses what it must:
+    /// node `n` answers a client with the cell CA, and refuses a client
+    /// that trusts another CA and a plaintext client. Ok without TLS.
+    pub async fn check_tls(&self, n: usize) -> anyhow::Result<()> {
+        let Some(tls) = &self.tls else {
+            return Ok(());
+        };
+        let status = || stele_proto::pb::StatusRequest {};
+        self.data_client(n)?
+            .status(status())
+            .await
+            .context("a client with the cell CA")?;
+        let mut foreign = crate::tls::data_client(&self.endpoint(n), Some(&tls.foreign))?;
+        anyhow::ensure!(
+            foreign.status(status()).await.is_err(),
+            "node {n} answered a client that does not trust the cell CA"
+        );
+        let plain = format!("http://{}", self.client_addr(n));
+        anyhow::ensure!(
+            crate::tls::data_client(&plain, None)?
+                .status(status())
+                .await
+                .is_err(),
+            "node {n} answered plaintext gRPC"
+        );
+        Ok(())
+    }
+
+    /// A `stele` CLI command as the runner's operator (its certificate
+    /// when gRPC is TLS).
+    fn operator_command(&self) -> Command {
+        let mut cmd = Command::new(&self.spec.bin);
+        if let Some(tls) = &self.tls {
+            cmd.env("STELE_CERTS_DIR", &tls.operator_dir);
+        }
+        cmd
     }
 
     /// How partitions are made, for the results.
@@ -459,7 +511,7 @@ impl Cell {
     /// fails with [`TimedOut`] (its outcome unknown).
     pub fn operator(&self, args: &[&str]) -> anyhow::Result<serde_json::Value> {
         let out = output_within(
-            Command::new(&self.spec.bin).args(args).args([
+            self.operator_command().args(args).args([
                 "--controllers",
                 &self.controller_endpoint(),
                 "--json",
@@ -484,7 +536,11 @@ impl Cell {
     }
 
     pub fn endpoint(&self, n: usize) -> String {
-        format!("http://{}", self.client_addr(n))
+        format!(
+            "{}://{}",
+            crate::tls::scheme(&self.tls),
+            self.client_addr(n)
+        )
     }
 
     fn client_addr(&self, n: usize) -> String {
@@ -542,9 +598,10 @@ impl Cell {
             None => Command::new(bin),
         };
         cmd.arg("server");
-        if !self.old.contains(&n) || self.spec.old_bin.is_none() {
-            // Plaintext gRPC (see the controller); builds from before TLS
-            // take no such flag and are plaintext anyway.
+        if self.tls.is_none() && !self.old.contains(&n) {
+            // Plaintext gRPC beside an older binary (see `crate::tls`);
+            // builds from before TLS take no such flag and are plaintext
+            // anyway.
             cmd.arg("--insecure-plaintext");
         }
         if self.spec.controlled {
@@ -561,7 +618,7 @@ impl Cell {
             .arg("--data-dir")
             .arg(self.dir.join(format!("data{n}")))
             .arg("--certs")
-            .arg(self.dir.join(format!("certs{n}")))
+            .arg(crate::tls::node_dir(&self.dir, n))
             .args([
                 "--election-timeout-ms",
                 &self.spec.election_timeout_ms.to_string(),
@@ -632,8 +689,7 @@ impl Cell {
     pub async fn wait_serving(&self, n: usize, timeout: Duration) -> bool {
         let started = Instant::now();
         while started.elapsed() < timeout {
-            if let Ok(mut c) =
-                stele_proto::pb::data_client::DataClient::connect(self.endpoint(n)).await
+            if let Ok(mut c) = self.data_client(n)
                 && c.status(stele_proto::pb::StatusRequest {}).await.is_ok()
             {
                 return true;
@@ -908,9 +964,7 @@ impl Cell {
             if !self.is_up(n) || self.paused.contains(&n) {
                 continue;
             }
-            let Ok(mut c) =
-                stele_proto::pb::data_client::DataClient::connect(self.endpoint(n)).await
-            else {
+            let Ok(mut c) = self.data_client(n) else {
                 continue;
             };
             let Ok(r) = c.list_tablets(stele_proto::pb::ListTabletsRequest {}).await else {

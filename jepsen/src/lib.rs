@@ -7,6 +7,7 @@
 //! - [`netns`]: network namespaces behind a bridge and nftables rules.
 //! - [`run`]: one run: clients, a nemesis, heal, final reads, check, store.
 //! - [`s3proxy`]: a proxy in front of the S3 server for the `s3` nemesis.
+//! - [`tls`]: the cell's certificates, and TLS on its gRPC.
 //!
 //! The `stele-jepsen` binary runs one seeded run or the CI smoke. Nothing
 //! else may depend on this crate.
@@ -17,3 +18,4 @@ pub mod history;
 pub mod netns;
 pub mod run;
 pub mod s3proxy;
+pub mod tls;

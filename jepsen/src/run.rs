@@ -238,6 +238,9 @@ pub struct Results {
     pub controlled: bool,
     /// How partitions were made.
     pub partition_method: &'static str,
+    /// How clients, the controller and operator commands spoke gRPC:
+    /// `tls`, or `plaintext` (the upgrade case: its older binary has none).
+    pub grpc: &'static str,
     pub workload: Workload,
     pub valid: bool,
     /// The list-append check (empty for the set workload).
@@ -331,7 +334,7 @@ impl Recorder {
     }
 }
 
-fn client_options() -> ClientOptions {
+fn client_options(tls: Option<stele_tls::ClientTls>) -> ClientOptions {
     ClientOptions {
         retry: RetryPolicy {
             attempts_max: 8,
@@ -341,6 +344,7 @@ fn client_options() -> ClientOptions {
         },
         request_timeout: Duration::from_secs(1),
         connect_timeout: Duration::from_millis(500),
+        tls,
         ..ClientOptions::default()
     }
 }
@@ -360,14 +364,34 @@ fn values_of(rows: &[stele_client::Row]) -> Vec<u64> {
         .collect()
 }
 
-/// How a client finds the cell: a seed node, or the controllers.
+/// How a client finds the cell: a seed node, or the controllers; with
+/// the cell's client TLS when its gRPC is TLS.
 #[derive(Clone)]
-enum Target {
+struct Target {
+    via: Via,
+    tls: Option<stele_tls::ClientTls>,
+}
+
+#[derive(Clone)]
+enum Via {
     Node(String),
     Controller(String),
 }
 
 impl Target {
+    /// The controller of a controlled cell, else node `n`.
+    fn of(cell: &Cell, n: usize) -> Target {
+        let via = if cell.spec.controlled {
+            Via::Controller(cell.controller_endpoint())
+        } else {
+            Via::Node(cell.endpoint(n))
+        };
+        Target {
+            via,
+            tls: cell.client_tls(),
+        }
+    }
+
     /// The client in `slot`, connecting it first if needed; `None` (after
     /// a short pause) while the cell cannot be reached.
     async fn connected<'a>(&self, slot: &'a mut Option<Client>) -> Option<&'a Client> {
@@ -384,11 +408,10 @@ impl Target {
     }
 
     async fn connect(&self) -> stele_client::Result<Client> {
-        match self {
-            Target::Node(ep) => Client::connect(ep, client_options()).await,
-            Target::Controller(ep) => {
-                Client::connect_cell(std::slice::from_ref(ep), client_options()).await
-            }
+        let opts = client_options(self.tls.clone());
+        match &self.via {
+            Via::Node(ep) => Client::connect(ep, opts).await,
+            Via::Controller(ep) => Client::connect_cell(std::slice::from_ref(ep), opts).await,
         }
     }
 }
@@ -657,11 +680,7 @@ async fn set_process(
 async fn final_set_read(cell: &Cell) -> anyhow::Result<Vec<u64>> {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
-        let target = if cell.spec.controlled {
-            Target::Controller(cell.controller_endpoint())
-        } else {
-            Target::Node(cell.endpoint(1))
-        };
+        let target = Target::of(cell, 1);
         let got = async {
             let c = target.connect().await?;
             c.scan_all(SET_NAMESPACE, 0, 0, b"", ReadOptions::default())
@@ -1014,11 +1033,7 @@ async fn final_reads(cell: &Cell, keys: &[String]) -> anyhow::Result<BTreeMap<St
     for (k, key) in keys.iter().enumerate() {
         loop {
             let n = 1 + (k % cell.spec.nodes);
-            let target = if cell.spec.controlled {
-                Target::Controller(cell.controller_endpoint())
-            } else {
-                Target::Node(cell.endpoint(n))
-            };
+            let target = Target::of(cell, n);
             let got = async {
                 if client.is_none() {
                     client = Some(target.connect().await?);
@@ -1056,9 +1071,13 @@ async fn replica_copies(cell: &Cell, keys: &[String]) -> Vec<(usize, String, Vec
     use stele_proto::pb;
     let mut copies = Vec::new();
     for n in 1..=cell.spec.nodes {
-        let Ok(mut client) = pb::data_client::DataClient::connect(cell.endpoint(n)).await else {
+        // A node that does not answer is skipped (the channel is lazy).
+        let Ok(mut client) = cell.data_client(n) else {
             continue;
         };
+        if client.status(pb::StatusRequest {}).await.is_err() {
+            continue;
+        }
         'key: for key in keys {
             let mut values = Vec::new();
             let mut cursor = Vec::new();
@@ -1171,6 +1190,8 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
             .contains(&Nemesis::Clock)
             .then(|| PathBuf::from(crate::cell::FAKETIME_LIB))
             .filter(|p| p.exists()),
+        // The older binary has no TLS on gRPC: that cell is plaintext.
+        grpc_tls: !upgrade,
     };
     let nodes = spec.nodes;
     let mut cell = Cell::start(spec, &dir, opts.seed)?;
@@ -1181,6 +1202,11 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
             dir.join(format!("node{n}.log")).display()
         );
     }
+    // A cell meant to run TLS must: a client without the cell CA, and a
+    // plaintext one, are refused.
+    cell.check_tls(1)
+        .await
+        .context("the cell's gRPC is not the TLS it should be")?;
     let namespace = match opts.workload {
         Workload::ListAppend => NAMESPACE,
         Workload::Set => SET_NAMESPACE,
@@ -1204,11 +1230,7 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
     let mut clients = Vec::new();
     for p in 0..opts.processes {
         let seed_node = 1 + (p as usize % nodes);
-        let target = if opts.controlled {
-            Target::Controller(cell.controller_endpoint())
-        } else {
-            Target::Node(cell.endpoint(seed_node))
-        };
+        let target = Target::of(&cell, seed_node);
         clients.push(match opts.workload {
             Workload::ListAppend => tokio::spawn(client_process(
                 p,
@@ -1311,6 +1333,7 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         },
         controlled: opts.controlled,
         partition_method: cell.partition_method(),
+        grpc: if cell.grpc_tls() { "tls" } else { "plaintext" },
         workload: opts.workload,
         valid: report.valid()
             && set_report.as_ref().is_none_or(|r| r.valid())

@@ -1,7 +1,9 @@
 //! A cell of containers from `deploy/compose.yaml` for the Docker tests:
 //! the image from `deploy/build-image` (the binary under test, nothing
-//! pulled), certificates from `stele cert`, and a Compose project of its
-//! own, taken down with its volumes and image when dropped.
+//! pulled), certificates from `stele cert` as the walk-through issues them
+//! (every gRPC listener TLS, the `cli` container an operator), and a
+//! Compose project of its own, taken down with its volumes and image when
+//! dropped.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -74,26 +76,7 @@ impl ComposeCell {
             output_text(&out)
         );
         let certs = tempfile::tempdir().unwrap();
-        let ca = certs.path().join("ca");
-        let (ok, _, err) = run(&["cert", "init", "--out", ca.to_str().unwrap()]);
-        assert!(ok, "stele cert init: {err}");
-        for n in 1..=NODES.len() {
-            let out_dir = certs.path().join(format!("node-{n}"));
-            let (ok, _, err) = run(&[
-                "cert",
-                "node",
-                "--ca",
-                ca.to_str().unwrap(),
-                "--node-id",
-                &n.to_string(),
-                "--out",
-                out_dir.to_str().unwrap(),
-            ]);
-            assert!(ok, "stele cert node {n}: {err}");
-            // The image runs as uid 10001; the temporary directory around
-            // these stays private to this user on the host.
-            make_readable(&out_dir);
-        }
+        make_certs(certs.path());
         let compose = if Command::new("docker")
             .args(["compose", "version"])
             .output()
@@ -258,6 +241,57 @@ pub fn docker(args: &[&str]) -> String {
         output_text(&out)
     );
     String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// The walk-through's certificates (docs/OPERATIONS.md "Deploy a cell"),
+/// in `root`: the CA, `ctl-N`, `node-N`, `dir-1` and `operator` (the
+/// `cli` container's), each directory readable by the image's uid.
+fn make_certs(root: &Path) {
+    let ca = root.join("ca");
+    let ca = ca.to_str().unwrap();
+    let (ok, _, err) = run(&["cert", "init", "--out", ca]);
+    assert!(ok, "stele cert init: {err}");
+    let mut issued = Vec::new();
+    for n in 1..=NODES.len() {
+        issued.push((format!("ctl-{n}"), "--controller-id", n));
+        issued.push((format!("node-{n}"), "--node-id", n));
+    }
+    issued.push(("dir-1".to_string(), "--directory-id", 1));
+    for (dir, flag, id) in &issued {
+        let out = root.join(dir);
+        let id = id.to_string();
+        let args = [
+            "cert",
+            "issue",
+            "--ca",
+            ca,
+            *flag,
+            &id,
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        let (ok, _, err) = run(&args);
+        assert!(ok, "stele cert issue {flag} {id}: {err}");
+    }
+    let operator = root.join("operator");
+    let args = [
+        "cert",
+        "operator",
+        "--ca",
+        ca,
+        "--name",
+        "admin",
+        "--out",
+        operator.to_str().unwrap(),
+    ];
+    let (ok, _, err) = run(&args);
+    assert!(ok, "stele cert operator: {err}");
+    // The image runs as uid 10001; the temporary directory around these
+    // stays private to this user on the host.
+    for (dir, _, _) in &issued {
+        make_readable(&root.join(dir));
+    }
+    make_readable(&operator);
 }
 
 fn make_readable(dir: &Path) {

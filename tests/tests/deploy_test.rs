@@ -378,7 +378,7 @@ fn bench_args() -> Vec<&'static str> {
     vec![
         "bench",
         "--endpoint",
-        "http://node1:7450",
+        "https://node1:7450",
         "--verify",
         "--json",
         "--duration",
@@ -429,7 +429,7 @@ fn compose_cell_under_load_through_rolling_restart_kill_and_network_cut() {
             "cell",
             "init",
             "--controllers",
-            "http://ctl1:7400,http://ctl2:7400,http://ctl3:7400",
+            "https://ctl1:7400,https://ctl2:7400,https://ctl3:7400",
             "--tablets",
             "4",
             "--replication",
@@ -446,6 +446,12 @@ fn compose_cell_under_load_through_rolling_restart_kill_and_network_cut() {
     }
     cell.wait_all_ready(Duration::from_secs(90));
     eprintln!("cell ready in {:?}", started.elapsed());
+    // Every gRPC listener is TLS: the same call answers over https with
+    // the cell CA and is refused in plaintext.
+    let (ok, out, err) = cell.cli(&["status", "--endpoint", "https://node1:7450"]);
+    assert!(ok, "status over TLS: {out}{err}");
+    let (ok, out, err) = cell.cli(&["status", "--endpoint", "http://node1:7450"]);
+    assert!(!ok, "node1 answered plaintext gRPC: {out}{err}");
 
     // Rolling restart under load: each node in turn gets SIGTERM (the
     // graceful stop), must exit cleanly, and is back and ready before the
@@ -509,9 +515,9 @@ fn compose_cell_under_load_through_rolling_restart_kill_and_network_cut() {
     // network and forms its quorum.
     cell.compose(&["--profile", "multicell", "up", "-d", "dir1"]);
     cell.wait_http("dir1", "/healthz", Duration::from_secs(60));
-    let (ok, out, err) = cell.cli(&["directory", "init", "--directory", "http://dir1:7440"]);
+    let (ok, out, err) = cell.cli(&["directory", "init", "--directory", "https://dir1:7440"]);
     assert!(ok, "directory init: {out}{err}");
-    let (ok, out, err) = cell.cli(&["directory", "status", "--directory", "http://dir1:7440"]);
+    let (ok, out, err) = cell.cli(&["directory", "status", "--directory", "https://dir1:7440"]);
     assert!(ok, "directory status: {out}{err}");
     eprintln!("whole test: {:?}", started.elapsed());
 }

@@ -147,7 +147,13 @@ pub async fn serve_with(
     let mut builder = tonic::transport::Server::builder().timeout(Duration::from_secs(60));
     let served = match secure {
         None => {
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            // TCP_NODELAY on every accepted connection, as the TLS path
+            // sets it: without it a small response waits on Nagle and the
+            // client's delayed ACK (about 40 ms at p99 in a plaintext
+            // benchmark, docs/BENCHMARKS.md "TLS on gRPC against
+            // plaintext").
+            let incoming =
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
             builder
                 .add_routes(routes)
                 .serve_with_incoming_shutdown(incoming, cancel.cancelled())
