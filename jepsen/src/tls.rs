@@ -12,9 +12,10 @@
 //! controller, operator commands) is TLS too, except in the `upgrade` case:
 //! its older binary has no TLS on gRPC, so that cell's gRPC is plaintext
 //! throughout (`--insecure-plaintext` on the nodes of this build and on the
-//! controller). Data clients trust the cell CA and present no certificate
-//! (the data API takes any TLS client); the runner's operator commands
-//! (`cell init`, moves, splits, merges) present the operator certificate.
+//! controller). Data clients trust the cell CA and present the operator
+//! certificate (the data API over TLS wants a token or a certificate, and
+//! static cells have no controller to issue tokens); so do the runner's
+//! operator commands (`cell init`, moves, splits, merges).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -99,8 +100,8 @@ pub fn make_certs(
         &path(&operator_dir),
     ])?;
     run(&["cert", "init", "--out", &path(&foreign_ca)])?;
-    let client = Credentials::load(Files::roots_only(&operator_dir))
-        .with_context(|| format!("load the cell CA from {}", operator_dir.display()))?;
+    let client = Credentials::load(Files::in_dir(&operator_dir, "operator"))
+        .with_context(|| format!("load the operator identity from {}", operator_dir.display()))?;
     let foreign = Credentials::load(Files::roots_only(&foreign_ca))
         .with_context(|| format!("load the foreign CA from {}", foreign_ca.display()))?;
     Ok(Some(CellTls {
