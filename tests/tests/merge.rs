@@ -278,7 +278,10 @@ async fn merge_colocates_first_and_bad_merges_change_nothing() {
     let sb = b.to_string();
     // Make their node sets differ: move one voter of `a` to the node `b`
     // lacks, or of `b` to the node `a` lacks.
-    let (na, nb) = (voter_nodes(&ts[0]), voter_nodes(&ts[1]));
+    // (As sets: the replica lists come in no particular order.)
+    let (mut na, mut nb) = (voter_nodes(&ts[0]), voter_nodes(&ts[1]));
+    na.sort_unstable();
+    nb.sort_unstable();
     if na == nb {
         let to = (1..=4u64).find(|n| !na.contains(n)).unwrap();
         let i = cell.json_retrying_busy(&[
