@@ -12,6 +12,7 @@ mod cmd;
 mod config;
 mod dev_cell;
 mod http;
+mod metrics;
 mod security;
 mod server;
 mod stop;
