@@ -100,6 +100,9 @@ pub fn register() {
 pub struct Observer {
     node: Arc<Node>,
     leaders: Mutex<HashMap<u64, u64>>,
+    /// Peers whose lag the last scrape reported: set to 0 when this node
+    /// no longer leads a tablet with a follower there.
+    peers: Mutex<std::collections::BTreeSet<u64>>,
 }
 
 impl Observer {
@@ -108,6 +111,7 @@ impl Observer {
         Observer {
             node,
             leaders: Mutex::new(HashMap::new()),
+            peers: Mutex::default(),
         }
     }
 
@@ -173,10 +177,14 @@ impl Observer {
         gauge!("stele_raft_tablets_hosted").set(replicas.len() as f64);
         gauge!("stele_raft_tablets_led").set(led as f64);
         gauge!("stele_raft_applied_behind_committed_entries").set(behind_max as f64);
+        let mut peers = self.peers.lock().expect("lock poisoned");
+        for gone in peers.iter().filter(|p| !lag.contains_key(p)) {
+            lag_gauges(*gone, 0, 0.0);
+        }
+        *peers = lag.keys().copied().collect();
+        drop(peers);
         for (peer, (entries, secs)) in lag {
-            let peer = peer.to_string();
-            gauge!("stele_raft_follower_lag_entries", "peer" => peer.clone()).set(entries as f64);
-            gauge!("stele_raft_follower_lag_seconds", "peer" => peer).set(secs);
+            lag_gauges(peer, entries, secs);
         }
         counter!("stele_tablet_records_applied_total").absolute(records);
         counter!("stele_tablet_seals_total").absolute(seals);
@@ -184,6 +192,12 @@ impl Observer {
         counter!("stele_tablet_compactions_total").absolute(compactions);
         counter!("stele_raft_snapshots_installed_total").absolute(snapshots);
     }
+}
+
+fn lag_gauges(peer: u64, entries: u64, secs: f64) {
+    let peer = peer.to_string();
+    gauge!("stele_raft_follower_lag_entries", "peer" => peer.clone()).set(entries as f64);
+    gauge!("stele_raft_follower_lag_seconds", "peer" => peer).set(secs);
 }
 
 fn observe_transport(node: &Node) {
