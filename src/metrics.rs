@@ -18,7 +18,9 @@ const SECONDS: &[f64] = &[
     5.0, 10.0,
 ];
 /// Journal frames per fsync.
-const RECORDS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0];
+const RECORDS: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+];
 /// Journal bytes per fsync: 256 B to 16 MiB.
 const BYTES: &[f64] = &[
     256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0, 16777216.0,
@@ -52,7 +54,10 @@ pub fn install() -> PrometheusHandle {
                     )
                 })
                 .and_then(|b| {
-                    b.set_buckets_for_metric(Matcher::Full("stele_journal_group_bytes".into()), BYTES)
+                    b.set_buckets_for_metric(
+                        Matcher::Full("stele_journal_group_bytes".into()),
+                        BYTES,
+                    )
                 })
                 .expect("bucket lists are not empty");
             let handle = builder

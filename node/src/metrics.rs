@@ -126,8 +126,10 @@ impl Observer {
         gauge!("stele_disk_free_bytes").set(node.free_bytes() as f64);
         gauge!("stele_disk_reserve_bytes").set(node.options.disk_reserve_bytes as f64);
         let stats = &node.stats;
-        counter!("stele_node_requests_refused_total").absolute(stats.requests_refused.load(Relaxed));
-        counter!("stele_raft_segments_fetched_total").absolute(stats.segments_fetched.load(Relaxed));
+        counter!("stele_node_requests_refused_total")
+            .absolute(stats.requests_refused.load(Relaxed));
+        counter!("stele_raft_segments_fetched_total")
+            .absolute(stats.segments_fetched.load(Relaxed));
         let pacer = &node.pacer_stats;
         counter!("stele_raft_campaigns_total").absolute(pacer.campaigns.load(Relaxed));
         counter!("stele_raft_heartbeat_rounds_total")

@@ -14,7 +14,9 @@ use stele_tests::directory::Directory;
 use stele_tests::{Proc, bench, free_port_base, http_get, run};
 
 fn docs(path: &str) -> String {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs").join(path);
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../docs")
+        .join(path);
     std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
@@ -203,7 +205,11 @@ async fn every_role_exports_the_documented_series_and_they_move() {
     let before: Vec<Scrape> = (1..=3).map(|n| Scrape::of(node_port(n))).collect();
     let ctl = Scrape::of(ctl_port);
     let directory = Scrape::of(dir_port);
-    for (s, role) in [(&before[0], "node"), (&ctl, "controller"), (&directory, "directory")] {
+    for (s, role) in [
+        (&before[0], "node"),
+        (&ctl, "controller"),
+        (&directory, "directory"),
+    ] {
         let (missing, undocumented) = mismatches(s, role);
         assert!(missing.is_empty(), "{role} lacks documented {missing:?}");
         assert!(
@@ -221,7 +227,10 @@ async fn every_role_exports_the_documented_series_and_they_move() {
         .into_iter()
         .filter(|m| !exported.contains(m))
         .collect();
-    assert!(absent.is_empty(), "the dashboard queries {absent:?}, not exported");
+    assert!(
+        absent.is_empty(),
+        "the dashboard queries {absent:?}, not exported"
+    );
 
     // The cell as the gauges see it.
     assert_eq!(ctl.get("stele_controller_leader"), 1.0);

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::async_runtime::watch::WatchReceiver;
 use openraft::Instant as _;
+use openraft::async_runtime::watch::WatchReceiver;
 use openraft::impls::BasicNode;
 use stele_proto::command::{TabletCommand, TabletResponse};
 

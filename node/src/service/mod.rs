@@ -596,7 +596,10 @@ impl Data for DataService {
         self.node.permit(&access, "Append", ns, right)?;
         let started = std::time::Instant::now();
         let records = req.records.len() as u64;
-        let bytes = req.records.iter().map(|r| (r.key.len() + r.value.len()) as u64);
+        let bytes = req
+            .records
+            .iter()
+            .map(|r| (r.key.len() + r.value.len()) as u64);
         let bytes = bytes.sum();
         let r = DataService::append(self, req).await;
         crate::metrics::record_append(started.elapsed(), r.is_ok(), records, bytes);
