@@ -182,7 +182,7 @@ pub async fn spawn(addr: &HostPort) -> anyhow::Result<std::net::SocketAddr> {
         .await
         .with_context(|| format!("bind --http-listen {addr}"))?;
     let bound = listener.local_addr()?;
-    crate::metrics::install();
+    crate::metrics::spawn_upkeep();
     let app = axum::Router::new()
         .route(
             "/metrics",

@@ -69,6 +69,28 @@ pub fn install() -> PrometheusHandle {
         .clone()
 }
 
+/// How often histogram samples are folded into their buckets when nobody
+/// scrapes: the recorder keeps each sample until then, so without this a
+/// busy node that nobody scrapes would grow without bound.
+const UPKEEP: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Starts the periodic upkeep (once per process; on the current runtime,
+/// for the life of the process like the recorder itself).
+pub fn spawn_upkeep() {
+    static STARTED: OnceLock<()> = OnceLock::new();
+    STARTED.get_or_init(|| {
+        let handle = install();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(UPKEEP);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                handle.run_upkeep();
+            }
+        });
+    });
+}
+
 /// The Prometheus text of every metric, after the hooks ran.
 pub fn render() -> String {
     let handle = install();
