@@ -24,8 +24,12 @@ const INTENT_STATES: [&str; 3] = ["pending", "done", "failed"];
 
 /// One heartbeat handled (answered, or refused).
 pub(crate) fn record_heartbeat(elapsed: Duration, ok: bool) {
-    let result = if ok { "ok" } else { "error" };
-    histogram!("stele_controller_heartbeat_seconds", "result" => result).record(elapsed);
+    // Literal labels: a static key, nothing allocated per heartbeat.
+    if ok {
+        histogram!("stele_controller_heartbeat_seconds", "result" => "ok").record(elapsed);
+    } else {
+        histogram!("stele_controller_heartbeat_seconds", "result" => "error").record(elapsed);
+    }
 }
 
 /// One scheduler plan made (the pure part of a pass).

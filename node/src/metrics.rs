@@ -19,23 +19,44 @@ use ::metrics::{counter, gauge, histogram};
 
 use crate::Node;
 
-/// `ok` or `error`, the `result` label of request latencies.
-fn result(ok: bool) -> &'static str {
-    if ok { "ok" } else { "error" }
+/// A latency histogram of the data path with its labels as literals: the
+/// `metrics` macros then build the key once, statically, instead of
+/// allocating labels on every call.
+macro_rules! latency {
+    ($name:literal, $ok:expr $(, $k:literal => $v:literal)*) => {
+        if $ok {
+            histogram!($name $(, $k => $v)*, "result" => "ok")
+        } else {
+            histogram!($name $(, $k => $v)*, "result" => "error")
+        }
+    };
 }
 
 /// One Append call: its latency, and on success its records and bytes.
 pub fn record_append(elapsed: Duration, ok: bool, records: u64, bytes: u64) {
-    histogram!("stele_node_append_seconds", "result" => result(ok)).record(elapsed);
+    latency!("stele_node_append_seconds", ok).record(elapsed);
     if ok {
         counter!("stele_node_appended_records_total").increment(records);
         counter!("stele_node_appended_bytes_total").increment(bytes);
     }
 }
 
-/// One read call of `kind` (`get`, `scan_key`, `scan`).
-pub fn record_read(kind: &'static str, elapsed: Duration, ok: bool) {
-    histogram!("stele_node_read_seconds", "kind" => kind, "result" => result(ok)).record(elapsed);
+/// The read calls, the `kind` label of read latency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadKind {
+    Get,
+    ScanKey,
+    Scan,
+}
+
+/// One read call of `kind`.
+pub fn record_read(kind: ReadKind, elapsed: Duration, ok: bool) {
+    let h = match kind {
+        ReadKind::Get => latency!("stele_node_read_seconds", ok, "kind" => "get"),
+        ReadKind::ScanKey => latency!("stele_node_read_seconds", ok, "kind" => "scan_key"),
+        ReadKind::Scan => latency!("stele_node_read_seconds", ok, "kind" => "scan"),
+    };
+    h.record(elapsed);
 }
 
 /// One journal group: written and fdatasynced together.

@@ -613,7 +613,7 @@ impl Data for DataService {
             .permit(&access, "Get", &req.namespace, Right::Read)?;
         let started = std::time::Instant::now();
         let r = DataService::get(self, req).await;
-        crate::metrics::record_read("get", started.elapsed(), r.is_ok());
+        crate::metrics::record_read(crate::metrics::ReadKind::Get, started.elapsed(), r.is_ok());
         Ok(Response::new(r?))
     }
 
@@ -627,7 +627,11 @@ impl Data for DataService {
             .permit(&access, "ScanKey", &req.namespace, Right::Read)?;
         let started = std::time::Instant::now();
         let r = DataService::scan_key(self, req).await;
-        crate::metrics::record_read("scan_key", started.elapsed(), r.is_ok());
+        crate::metrics::record_read(
+            crate::metrics::ReadKind::ScanKey,
+            started.elapsed(),
+            r.is_ok(),
+        );
         Ok(Response::new(r?))
     }
 
@@ -641,7 +645,7 @@ impl Data for DataService {
             .permit(&access, "Scan", &req.namespace, Right::Read)?;
         let started = std::time::Instant::now();
         let r = DataService::scan(self, req).await;
-        crate::metrics::record_read("scan", started.elapsed(), r.is_ok());
+        crate::metrics::record_read(crate::metrics::ReadKind::Scan, started.elapsed(), r.is_ok());
         Ok(Response::new(r?))
     }
 
