@@ -257,7 +257,8 @@ async fn every_role_exports_the_documented_series_and_they_move() {
     assert_eq!(directory.get("stele_directory_cells"), 1.0);
 
     // Under load: appends counted and timed, fsyncs timed, bytes written.
-    let load = bench::start_bench(&cell.node_endpoint(1), "5s", 4);
+    // Records of 1 KiB: the tablets' 64 KiB memtables fill and seal.
+    let load = bench::start_bench_sized(&cell.node_endpoint(1), "5s", 4, 1024);
     let report = bench::report(load);
     bench::assert_clean(&report, "load");
     let acked = report["records_acked"].as_u64().unwrap() as f64;
@@ -269,7 +270,7 @@ async fn every_role_exports_the_documented_series_and_they_move() {
         grew("stele_node_appended_records_total")
     );
     assert!(grew(r#"stele_node_append_seconds_count{result="ok"}"#) >= 1.0);
-    assert!(grew("stele_node_appended_bytes_total") >= acked * 64.0);
+    assert!(grew("stele_node_appended_bytes_total") >= acked * 1024.0);
     for s in &after {
         // Every node journals every record (3 voters): fsyncs on each.
         assert!(s.get("stele_journal_fsync_seconds_count") > 0.0, "{}", s.0);
@@ -279,9 +280,25 @@ async fn every_role_exports_the_documented_series_and_they_move() {
         assert!(s.get("stele_tablet_records_applied_total") > 0.0);
     }
     assert!(grew("stele_journal_fsync_seconds_count") > 0.0);
-    assert!(grew("stele_journal_written_bytes_total") >= acked * 64.0);
+    assert!(grew("stele_journal_written_bytes_total") >= acked * 1024.0);
     assert!(grew("stele_journal_group_bytes_sum") > 0.0);
     assert!(after[0].get(r#"stele_peer_bytes_total{direction="out"}"#) > 0.0);
+    // Seals timed and their bytes counted (the sealer runs behind apply).
+    let sealing = Instant::now();
+    loop {
+        let s: Vec<Scrape> = (1..=3).map(|n| Scrape::of(node_port(n))).collect();
+        let seals = sum(&s, "stele_tablet_seal_seconds_count");
+        if seals > 0.0 {
+            assert!(sum(&s, "stele_tablet_sealed_bytes_total") > 0.0);
+            break;
+        }
+        assert!(
+            sealing.elapsed() < Duration::from_secs(20),
+            "no seal timed after {} records of 1 KiB",
+            acked
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 
     // A killed node is dead in the controller's gauge within the lease
     // (3 s here; plus a scheduler tick and a scrape).
