@@ -143,6 +143,9 @@ impl Observer {
         counter!("stele_journal_frames_total").absolute(js.frames);
         counter!("stele_journal_written_bytes_total").absolute(js.bytes);
         gauge!("stele_journal_files").set(js.files as f64);
+        gauge!("stele_journal_retained_bytes").set(js.retained_bytes as f64);
+        gauge!("stele_journal_retained_bytes_max")
+            .set(node.options.journal_retained_bytes_max as f64);
         gauge!("stele_journal_stopped").set(if js.stopped.is_some() { 1.0 } else { 0.0 });
         gauge!("stele_disk_free_bytes").set(node.free_bytes() as f64);
         gauge!("stele_disk_reserve_bytes").set(node.options.disk_reserve_bytes as f64);
