@@ -181,6 +181,20 @@ async fn every_role_exports_the_documented_series_and_they_move() {
     let (ctl_port, dir_port) = (http, http + 4);
     let node_port = |n: u16| http + n;
     let mut cell = ControlledCell::new(1, 3);
+    // A cold tier, so the tier's series move too: sealed segments are
+    // uploaded, then evicted (no hot age).
+    let bucket = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", bucket.path().display());
+    cell.node_flags = [
+        "--object-store",
+        &url,
+        "--cell-id",
+        "c1",
+        "--hot-age-s",
+        "0",
+    ]
+    .map(String::from)
+    .to_vec();
     cell.controller_flags
         .extend(["--http-listen".into(), format!("127.0.0.1:{ctl_port}")]);
     let (_ctl, mut nodes) = start_cell(&cell, http);
@@ -308,6 +322,26 @@ async fn every_role_exports_the_documented_series_and_they_move() {
             sealing.elapsed() < Duration::from_secs(20),
             "no seal timed after {} records of 1 KiB",
             acked
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // Uploaded by their leaders, then evicted.
+    let tiering = Instant::now();
+    loop {
+        let s = scrape_nodes();
+        let (up, ev) = (
+            sum(&s, "stele_tier_uploads_total"),
+            sum(&s, "stele_tier_evictions_total"),
+        );
+        if up > 0.0 && ev > 0.0 {
+            assert!(sum(&s, "stele_tier_uploaded_bytes_total") > 0.0);
+            assert!(sum(&s, "stele_tier_manifests_total") > 0.0);
+            assert_eq!(sum(&s, "stele_tier_upload_failures_total"), 0.0);
+            break;
+        }
+        assert!(
+            tiering.elapsed() < Duration::from_secs(30),
+            "uploads {up}, evictions {ev} 30 s after the seals"
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
