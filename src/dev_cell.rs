@@ -56,6 +56,12 @@ fn ensure_certs(dir: &Path, nodes: u64) -> anyhow::Result<()> {
 }
 
 /// Prints a line; a closed stdout is not a reason to stop the cell.
+/// Every member's HTTP status listener: a free port on the cell's address
+/// (printed by the member, relayed by `dev`).
+fn http_any(ip: std::net::IpAddr) -> String {
+    SocketAddr::new(ip, 0).to_string()
+}
+
 fn say(line: std::fmt::Arguments<'_>) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
@@ -253,6 +259,7 @@ pub async fn run(
         let mut cmd = Command::new(&exe);
         cmd.args(["server", "--roles", "directory", "--directory-id", "1"])
             .args(["--listen", &listen.to_string()])
+            .args(["--http-listen", &http_any(ip)])
             .arg("--data-dir")
             .arg(data_dir.join("directory"))
             .arg("--auto-create-namespaces");
@@ -273,6 +280,7 @@ pub async fn run(
             }
             cmd.args(["--node-id", &n.to_string()])
                 .args(["--listen", &client(n).to_string()])
+                .args(["--http-listen", &http_any(ip)])
                 .args(["--peer-listen", &peer(n).to_string()])
                 .arg("--data-dir")
                 .arg(cell.dir.join(format!("node-{n}")))
@@ -307,6 +315,10 @@ pub async fn run(
             _ = term.recv() => break Ok(()),
             line = rx.recv() => match line {
                 Some((label, line)) => {
+                    if let Some(url) = line.split("HTTP status (/metrics, /healthz, /readyz) at ").nth(1) {
+                        say(format_args!("stele dev: {label} HTTP status at {url} (/metrics, /healthz, /readyz)"));
+                        continue;
+                    }
                     let Some(rest) = line.split("listening on ").nth(1) else {
                         say(format_args!("{label}: {line}"));
                         continue;

@@ -4,9 +4,9 @@
 //! catching up, not stopping, journal up). Load balancers, Compose and
 //! Kubernetes probes and `stele health` read them. gRPC health on the
 //! client port follows the same readiness ([`Health::serving`]). Also
-//! `/metrics`: every `metrics` counter of the process in the Prometheus
-//! text format (`stele_auth_refused_total{method}` so far). A small axum
-//! router, so a console can join it later.
+//! `/metrics`: every metric of the process in the Prometheus text format
+//! (`crate::metrics`; docs/OPERATIONS.md "Metrics"). A small axum router,
+//! so a console can join it later.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -175,19 +175,6 @@ pub fn catch_up(node: Arc<Node>, timeout: Duration) -> tokio::task::JoinHandle<(
     })
 }
 
-/// The process's metrics recorder, installed on first use (counters
-/// recorded before that are not kept: servers call [`spawn`] at start).
-fn prometheus() -> metrics_exporter_prometheus::PrometheusHandle {
-    static HANDLE: OnceLock<metrics_exporter_prometheus::PrometheusHandle> = OnceLock::new();
-    HANDLE
-        .get_or_init(|| {
-            metrics_exporter_prometheus::PrometheusBuilder::new()
-                .install_recorder()
-                .expect("the first and only metrics recorder")
-        })
-        .clone()
-}
-
 /// Binds `addr` and serves the probes in the background. A bind failure is
 /// an error at start, naming the flag.
 pub async fn spawn(addr: &HostPort) -> anyhow::Result<std::net::SocketAddr> {
@@ -195,17 +182,21 @@ pub async fn spawn(addr: &HostPort) -> anyhow::Result<std::net::SocketAddr> {
         .await
         .with_context(|| format!("bind --http-listen {addr}"))?;
     let bound = listener.local_addr()?;
-    let metrics = prometheus();
+    crate::metrics::spawn_upkeep();
     let app = axum::Router::new()
         .route(
             "/metrics",
-            axum::routing::get(move || async move {
+            axum::routing::get(|| async {
+                // The hooks read stats and /proc: cheap, but blocking.
+                let text = tokio::task::spawn_blocking(crate::metrics::render)
+                    .await
+                    .unwrap_or_default();
                 (
                     [(
                         axum::http::header::CONTENT_TYPE,
                         "text/plain; version=0.0.4",
                     )],
-                    metrics.render(),
+                    text,
                 )
             }),
         )

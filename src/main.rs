@@ -13,6 +13,7 @@ mod config;
 mod dev_cell;
 mod http;
 mod logging;
+mod metrics;
 mod security;
 mod server;
 mod stop;

@@ -89,6 +89,8 @@ pub async fn run_server(
     let controller = match roles.controller {
         Some(co) => {
             let c = start_controller(co, &advertised).await?;
+            let observed = c.clone();
+            crate::metrics::on_scrape(move || stele_controller::metrics::observe(&observed));
             let (api, quorum) = c.services();
             names.push(service_name(&api));
             routes = routes.add_service(api).add_service(quorum);
@@ -141,6 +143,8 @@ pub async fn run_server(
         }
     };
     crate::http::health().watch_node(node.clone());
+    let observer = stele_node::metrics::Observer::new(node.clone());
+    crate::metrics::on_scrape(move || observer.observe());
     let server = tokio::spawn(stele_node::service::serve_with(
         Some(node.data_service()),
         routes,
@@ -331,6 +335,8 @@ pub async fn run_directory(
     let d = stele_directory::Directory::start(opts)
         .await
         .context("start directory")?;
+    let observed = d.clone();
+    crate::metrics::on_scrape(move || stele_directory::metrics::observe(&observed));
     let (api, quorum) = d.services();
     let names = vec![service_name(&api)];
     let routes = tonic::service::Routes::default()

@@ -21,56 +21,10 @@ use crate::state::{
 
 pub struct Api(pub(crate) Arc<Controller>);
 
-#[tonic::async_trait]
-impl pb::controller_server::Controller for Api {
-    async fn init(
-        &self,
-        request: Request<pb::InitRequest>,
-    ) -> Result<Response<pb::InitResponse>, Status> {
-        let req = request.into_inner();
-        let c = &self.0;
-        if req.controllers.is_empty() {
-            return Err(refuse("controllers", "name at least this controller"));
-        }
-        if !req.controllers.iter().any(|p| p.id == c.opts.id) {
-            return Err(refuse(
-                "controllers",
-                format!("this controller ({}) is not in the list", c.opts.id),
-            ));
-        }
-        // Members dial each other at these: refuse what nobody can dial.
-        for p in &req.controllers {
-            if let Err(e) = stele_proto::addr::dialable_url(&p.endpoint) {
-                return Err(refuse("controllers", format!("controller {}: {e}", p.id)));
-            }
-        }
-        let members = req
-            .controllers
-            .iter()
-            .map(|p| (p.id, p.endpoint.clone()))
-            .collect();
-        c.quorum.initialize(&members).await.map_err(Status::from)?;
-        c.quorum
-            .wait_leader(Duration::from_secs(15))
-            .await
-            .map_err(Status::from)?;
-        let existed = c.snapshot().cell.is_some();
-        let cfg = CellConfig {
-            cell_id: if req.cell_id.is_empty() {
-                "cell".into()
-            } else {
-                req.cell_id
-            },
-            replication: req.replication,
-            tablets: req.tablets,
-        };
-        match c.propose(Command::Init(cfg)).await? {
-            Reply::Refused(reason) => Err(refuse("init", reason)),
-            _ => Ok(Response::new(pb::InitResponse { created: !existed })),
-        }
-    }
-
-    async fn heartbeat(
+impl Api {
+    /// A node's heartbeat: its lease renewed, its reports kept, its
+    /// registration updated; answered with what it must do.
+    async fn handle_heartbeat(
         &self,
         request: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
@@ -149,6 +103,66 @@ impl pb::controller_server::Controller for Api {
             formats: stele_proto::formats::to_pb(&s.formats),
             tokens: s.tokens.keys_pb(token_epoch),
         }))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::controller_server::Controller for Api {
+    async fn init(
+        &self,
+        request: Request<pb::InitRequest>,
+    ) -> Result<Response<pb::InitResponse>, Status> {
+        let req = request.into_inner();
+        let c = &self.0;
+        if req.controllers.is_empty() {
+            return Err(refuse("controllers", "name at least this controller"));
+        }
+        if !req.controllers.iter().any(|p| p.id == c.opts.id) {
+            return Err(refuse(
+                "controllers",
+                format!("this controller ({}) is not in the list", c.opts.id),
+            ));
+        }
+        // Members dial each other at these: refuse what nobody can dial.
+        for p in &req.controllers {
+            if let Err(e) = stele_proto::addr::dialable_url(&p.endpoint) {
+                return Err(refuse("controllers", format!("controller {}: {e}", p.id)));
+            }
+        }
+        let members = req
+            .controllers
+            .iter()
+            .map(|p| (p.id, p.endpoint.clone()))
+            .collect();
+        c.quorum.initialize(&members).await.map_err(Status::from)?;
+        c.quorum
+            .wait_leader(Duration::from_secs(15))
+            .await
+            .map_err(Status::from)?;
+        let existed = c.snapshot().cell.is_some();
+        let cfg = CellConfig {
+            cell_id: if req.cell_id.is_empty() {
+                "cell".into()
+            } else {
+                req.cell_id
+            },
+            replication: req.replication,
+            tablets: req.tablets,
+        };
+        match c.propose(Command::Init(cfg)).await? {
+            Reply::Refused(reason) => Err(refuse("init", reason)),
+            _ => Ok(Response::new(pb::InitResponse { created: !existed })),
+        }
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<pb::HeartbeatRequest>,
+    ) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        let started = Instant::now();
+        let r = self.handle_heartbeat(request).await;
+        crate::metrics::record_heartbeat(started.elapsed(), r.is_ok());
+        r
     }
 
     async fn get_routes(

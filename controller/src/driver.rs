@@ -57,7 +57,9 @@ async fn pass(c: &Controller, policy: &scheduler::Policy) -> Result<()> {
     let mut plan = {
         let mut h = c.health();
         h.observe(&s, term, now, policy.lease);
-        scheduler::plan(&s, &h, now, policy)
+        let plan = scheduler::plan(&s, &h, now, policy);
+        crate::metrics::record_plan(now.elapsed());
+        plan
     };
     let mut reply = None;
     while let Some(action) = plan.next(reply.take()) {

@@ -26,6 +26,7 @@ mod driver;
 pub mod error;
 pub mod formats;
 pub mod health;
+pub mod metrics;
 pub mod orders;
 pub mod placement;
 pub mod restart;

@@ -197,6 +197,41 @@ impl Directory {
 
 pub struct Api(Arc<Directory>);
 
+impl Api {
+    /// Which cell holds a namespace (created on first use when allowed).
+    async fn lookup(
+        &self,
+        request: Request<pb::GetNamespaceRequest>,
+    ) -> Result<Response<pb::NamespaceRecord>, Status> {
+        let req = request.into_inner();
+        let d = &self.0;
+        stele_proto::limits::validate_namespace(&req.name)?;
+        // A namespace never changes cell: any member that has it answers.
+        {
+            let s = d.quorum.state();
+            if let Some(ns) = s.namespaces.get(&req.name) {
+                return Ok(Response::new(namespace_pb(ns, &s)));
+            }
+        }
+        // Its absence is only known by the leader, as of now.
+        d.read_barrier().await?;
+        {
+            let s = d.quorum.state();
+            if let Some(ns) = s.namespaces.get(&req.name) {
+                return Ok(Response::new(namespace_pb(ns, &s)));
+            }
+        }
+        if req.create_if_missing && d.opts.auto_create {
+            let r = d.create(req.name, None, Policy::default()).await?;
+            return Ok(Response::new(d.namespace_reply(r)?));
+        }
+        Err(stele_proto::Error::NamespaceNotFound {
+            namespace: req.name,
+        }
+        .into())
+    }
+}
+
 #[tonic::async_trait]
 impl pb::directory_server::Directory for Api {
     async fn directory_init(
@@ -328,32 +363,9 @@ impl pb::directory_server::Directory for Api {
         &self,
         request: Request<pb::GetNamespaceRequest>,
     ) -> Result<Response<pb::NamespaceRecord>, Status> {
-        let req = request.into_inner();
-        let d = &self.0;
-        stele_proto::limits::validate_namespace(&req.name)?;
-        // A namespace never changes cell: any member that has it answers.
-        {
-            let s = d.quorum.state();
-            if let Some(ns) = s.namespaces.get(&req.name) {
-                return Ok(Response::new(namespace_pb(ns, &s)));
-            }
-        }
-        // Its absence is only known by the leader, as of now.
-        d.read_barrier().await?;
-        {
-            let s = d.quorum.state();
-            if let Some(ns) = s.namespaces.get(&req.name) {
-                return Ok(Response::new(namespace_pb(ns, &s)));
-            }
-        }
-        if req.create_if_missing && d.opts.auto_create {
-            let r = d.create(req.name, None, Policy::default()).await?;
-            return Ok(Response::new(d.namespace_reply(r)?));
-        }
-        Err(stele_proto::Error::NamespaceNotFound {
-            namespace: req.name,
-        }
-        .into())
+        let r = self.lookup(request).await;
+        crate::metrics::record_lookup(&r);
+        r
     }
 
     async fn list_namespaces(

@@ -495,6 +495,11 @@ impl Node {
         self.replicas.replicas()
     }
 
+    /// Free bytes of the data directory's file system.
+    pub fn free_bytes(&self) -> u64 {
+        self.disk.free_bytes()
+    }
+
     pub fn replica_count(&self) -> usize {
         self.replicas.replica_count()
     }

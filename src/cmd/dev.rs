@@ -27,6 +27,11 @@ pub struct DevArgs {
     /// (`--nodes` nodes, ids c1, c2, ...) on its own ports.
     #[arg(long, default_value_t = 1)]
     cells: u64,
+    /// The HTTP status listener (`/metrics`, `/healthz`, `/readyz`) of the
+    /// single node (port 0: any free port, printed). In a dev cell every
+    /// process gets one on a free port, printed as it starts.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    http_listen: SocketAddr,
     #[command(flatten)]
     tuning: Tuning,
 }
@@ -60,6 +65,13 @@ pub async fn run(mut a: DevArgs) -> anyhow::Result<()> {
         };
         return crate::dev_cell::run(&a.data_dir, a.listen, a.cells, a.nodes, flags).await;
     }
+    anyhow::ensure!(
+        a.http_listen.ip().is_loopback(),
+        "stele dev serves plaintext and listens on loopback only; got --http-listen {}",
+        a.http_listen
+    );
+    let bound = crate::http::spawn(&a.http_listen.into()).await?;
+    println!("stele dev: HTTP status (/metrics, /healthz, /readyz) at http://{bound}");
     let mut o = node_options(a.data_dir, 1, a.tablets, String::new(), &a.tuning);
     o.tier = a.tuning.cold.open()?;
     let listen = crate::addresses::Endpoint::new(crate::addresses::CLIENT, a.listen.into(), None)?;

@@ -177,7 +177,8 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
     let client_tls = crate::security::client_of(&tls);
     if let Some(h) = &a.http_listen {
         let bound = crate::http::spawn(h).await?;
-        eprintln!("stele: HTTP status (/healthz, /readyz) on {bound}");
+        // On stdout: `stele dev` relays it with the member's name.
+        println!("stele: HTTP status (/metrics, /healthz, /readyz) at http://{bound}");
     }
     if a.roles.iter().any(|r| r == "directory") {
         anyhow::ensure!(

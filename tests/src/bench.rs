@@ -9,6 +9,16 @@ use crate::stele_bin;
 /// Starts `stele bench --verify --json` against `endpoint` in the
 /// background, one record per request, `concurrency` requests in flight.
 pub fn start_bench(endpoint: &str, duration: &str, concurrency: usize) -> Child {
+    start_bench_sized(endpoint, duration, concurrency, 64)
+}
+
+/// [`start_bench`] with records of `record_bytes`.
+pub fn start_bench_sized(
+    endpoint: &str,
+    duration: &str,
+    concurrency: usize,
+    record_bytes: usize,
+) -> Child {
     Command::new(stele_bin())
         .args([
             "bench",
@@ -23,7 +33,7 @@ pub fn start_bench(endpoint: &str, duration: &str, concurrency: usize) -> Child 
             "--namespaces",
             "4",
             "--record-bytes",
-            "64",
+            &record_bytes.to_string(),
             "--duration",
             duration,
         ])

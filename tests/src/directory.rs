@@ -63,6 +63,12 @@ impl Directory {
     }
 
     pub fn start(&self, i: usize) -> Proc {
+        self.start_with(i, &[])
+    }
+
+    /// [`Directory::start`] with `extra` flags for this member alone
+    /// (`--http-listen`, ...).
+    pub fn start_with(&self, i: usize, extra: &[&str]) -> Proc {
         let listen = format!("127.0.0.1:{}", self.base + i as u16 - 1);
         let data = self.tmp.path().join(format!("dir{i}"));
         let mut args = vec![
@@ -79,6 +85,7 @@ impl Directory {
         if self.tls {
             args.extend(["--certs".into(), self.certs(i).to_str().unwrap().into()]);
         }
+        args.extend(extra.iter().map(|f| f.to_string()));
         let a: Vec<&str> = args.iter().map(String::as_str).collect();
         Proc::start(&a, &[]).unwrap_or_else(|e| panic!("directory {i}: {e}"))
     }

@@ -51,6 +51,9 @@ pub fn stele_bin() -> PathBuf {
 pub struct Proc {
     pub child: Child,
     pub endpoint: String,
+    /// What the process printed on stdout up to its `listening on` line,
+    /// that line included.
+    pub started: Vec<String>,
     /// Lines the process printed on stderr (collected in the background).
     pub stderr: mpsc::Receiver<String>,
 }
@@ -89,9 +92,11 @@ impl Proc {
                 let _ = tx.send(line);
             }
         });
+        let mut started = Vec::new();
         loop {
             match rx.recv_timeout(Duration::from_secs(60)) {
                 Ok(line) => {
+                    started.push(line.clone());
                     if let Some(rest) = line.split("listening on ").nth(1) {
                         let endpoint = rest
                             .split_whitespace()
@@ -101,6 +106,7 @@ impl Proc {
                         return Ok(Proc {
                             child,
                             endpoint,
+                            started,
                             stderr: err_rx,
                         });
                     }

@@ -204,6 +204,12 @@ struct SourceRule {
 
 const SOURCE_RULES: &[SourceRule] = &[
     SourceRule {
+        dir: "",
+        pattern: "metrics_exporter_prometheus",
+        allowed: &["src/"],
+        why: "libraries record through the `metrics` facade; only the binary installs a recorder",
+    },
+    SourceRule {
         dir: "node/src",
         pattern: "openraft",
         allowed: &["node/src/raft/"],
@@ -497,4 +503,24 @@ fn a_long_library_file_is_flagged() {
         bad[1].starts_with("controller/src/state.rs:") && bad[1].contains("tokio"),
         "{bad:?}"
     );
+}
+
+#[test]
+fn a_recorder_outside_the_binary_is_flagged() {
+    let files = vec![
+        (
+            "controller/src/metrics.rs".to_string(),
+            "use metrics_exporter_prometheus::PrometheusBuilder;\n".to_string(),
+        ),
+        (
+            "src/metrics.rs".to_string(),
+            "use metrics_exporter_prometheus::Matcher;\n".to_string(),
+        ),
+    ];
+    let bad: Vec<String> = SOURCE_RULES
+        .iter()
+        .flat_map(|r| source_violations(r, &files))
+        .collect();
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert!(bad[0].starts_with("controller/src/metrics.rs:1"), "{bad:?}");
 }

@@ -84,6 +84,13 @@ async fn dev_nodes_3_runs_a_replicated_cell_and_stops_it() {
         "1000",
     ];
     let proc = Proc::start(&args, &[]).unwrap();
+    // Every process's HTTP status listener (/metrics), printed by name.
+    let http: Vec<&String> = proc
+        .started
+        .iter()
+        .filter(|l| l.contains("HTTP status at http://127.0.0.1:"))
+        .collect();
+    assert_eq!(http.len(), 3, "{:?}", proc.started);
     let endpoints: Vec<String> = (0..3)
         .map(|i| format!("http://127.0.0.1:{}", base + i))
         .collect();

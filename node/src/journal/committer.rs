@@ -116,6 +116,7 @@ impl Committer {
                 path.display()
             )
         });
+        let sync_started = Instant::now();
         let synced = written.and_then(|()| {
             self.sync()
                 .map_err(|e| format!("fdatasync of {} failed: {e}", path.display()))
@@ -137,6 +138,8 @@ impl Committer {
         {
             marks.synced(self.seq, self.len_bytes);
         }
+        let frames = group.iter().map(|u| u.frames.len()).sum();
+        crate::metrics::record_journal_group(sync_started.elapsed(), frames, group_bytes);
         let counters = &shared.counters;
         counters.fsyncs.fetch_add(1, Ordering::Relaxed);
         counters.groups.fetch_add(1, Ordering::Relaxed);

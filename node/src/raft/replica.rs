@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use openraft::Instant as _;
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::impls::BasicNode;
 use stele_proto::command::{TabletCommand, TabletResponse};
@@ -44,6 +45,20 @@ pub struct LogState {
     pub leader: Option<u64>,
     pub last_log_index: u64,
     pub purged_index: u64,
+}
+
+/// What the metrics read of a replica's group at scrape time, in Stele's
+/// terms (openraft's metrics stay in `node::raft`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RaftView {
+    pub leader: Option<u64>,
+    pub term: u64,
+    pub committed: u64,
+    pub applied: u64,
+    /// On a leader: each follower's node, how many entries it is behind
+    /// the leader's last log index, and the seconds since it last
+    /// acknowledged (`None`: never yet). Empty on a follower.
+    pub followers: Vec<(u64, u64, Option<f64>)>,
 }
 
 impl Replica {
@@ -96,6 +111,32 @@ impl Replica {
             leader: m.current_leader,
             last_log_index: m.last_log_index.unwrap_or(0),
             purged_index: m.purged.as_ref().map_or(0, |l| l.index()),
+        }
+    }
+
+    /// The group as the metrics see it now ([`RaftView`]).
+    pub fn raft_view(&self) -> RaftView {
+        let m = self.raft.metrics().borrow_watched().clone();
+        let last = m.last_log_index.unwrap_or(0);
+        let mut followers = Vec::new();
+        for (id, matched) in m.replication.iter().flatten() {
+            if *id == self.replica_id {
+                continue;
+            }
+            let behind = last.saturating_sub(matched.as_ref().map_or(0, |l| l.index()));
+            let acked = m
+                .heartbeat
+                .as_ref()
+                .and_then(|h| h.get(id).cloned().flatten())
+                .map(|t| t.elapsed().as_secs_f64());
+            followers.push((super::router::node_of(*id), behind, acked));
+        }
+        RaftView {
+            leader: m.current_leader,
+            term: m.current_term,
+            committed: m.local_committed.as_ref().map_or(0, |l| l.index()),
+            applied: m.last_applied.as_ref().map_or(0, |l| l.index()),
+            followers,
         }
     }
 

@@ -594,7 +594,16 @@ impl Data for DataService {
         let req = req.into_inner();
         let (ns, right) = (&req.namespace, Right::Append);
         self.node.permit(&access, "Append", ns, right)?;
-        Ok(Response::new(DataService::append(self, req).await?))
+        let started = std::time::Instant::now();
+        let records = req.records.len() as u64;
+        let bytes = req
+            .records
+            .iter()
+            .map(|r| (r.key.len() + r.value.len()) as u64);
+        let bytes = bytes.sum();
+        let r = DataService::append(self, req).await;
+        crate::metrics::record_append(started.elapsed(), r.is_ok(), records, bytes);
+        Ok(Response::new(r?))
     }
 
     async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::GetResponse>, Status> {
@@ -602,7 +611,10 @@ impl Data for DataService {
         let req = req.into_inner();
         self.node
             .permit(&access, "Get", &req.namespace, Right::Read)?;
-        Ok(Response::new(DataService::get(self, req).await?))
+        let started = std::time::Instant::now();
+        let r = DataService::get(self, req).await;
+        crate::metrics::record_read(crate::metrics::ReadKind::Get, started.elapsed(), r.is_ok());
+        Ok(Response::new(r?))
     }
 
     async fn scan_key(
@@ -613,7 +625,14 @@ impl Data for DataService {
         let req = req.into_inner();
         self.node
             .permit(&access, "ScanKey", &req.namespace, Right::Read)?;
-        Ok(Response::new(DataService::scan_key(self, req).await?))
+        let started = std::time::Instant::now();
+        let r = DataService::scan_key(self, req).await;
+        crate::metrics::record_read(
+            crate::metrics::ReadKind::ScanKey,
+            started.elapsed(),
+            r.is_ok(),
+        );
+        Ok(Response::new(r?))
     }
 
     async fn scan(
@@ -624,7 +643,10 @@ impl Data for DataService {
         let req = req.into_inner();
         self.node
             .permit(&access, "Scan", &req.namespace, Right::Read)?;
-        Ok(Response::new(DataService::scan(self, req).await?))
+        let started = std::time::Instant::now();
+        let r = DataService::scan(self, req).await;
+        crate::metrics::record_read(crate::metrics::ReadKind::Scan, started.elapsed(), r.is_ok());
+        Ok(Response::new(r?))
     }
 
     async fn list_tablets(

@@ -667,8 +667,16 @@ pub fn run_seal(tablet: &Tablet, seal_index: u64) -> Result<Option<SealDone>> {
     let Some(plan) = plan(tablet, &tablet.read(), seal_index) else {
         return Ok(None);
     };
+    let started = std::time::Instant::now();
     let built = build(tablet, &plan).and_then(|seg| {
+        let sealed = started.elapsed();
+        if let Some((s, _)) = &seg {
+            crate::metrics::record_seal(sealed, s.bytes);
+        }
         let output = build_compaction(tablet, &plan)?;
+        if let Some((s, _)) = &output {
+            crate::metrics::record_compaction(started.elapsed() - sealed, s.bytes);
+        }
         Ok((seg, output))
     });
     let mut data = tablet.write();

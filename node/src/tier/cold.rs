@@ -215,6 +215,8 @@ impl RangeRead for ColdSource {
             .map(|i| self.tier.cache.get(&(self.id.clone(), i)))
             .collect();
         let hits: Vec<bool> = chunks.iter().map(Option::is_some).collect();
+        let hit_count = hits.iter().filter(|h| **h).count() as u64;
+        crate::metrics::record_cold_chunks(hit_count, hits.len() as u64 - hit_count);
         // Fetch each run of missing chunks with one GET.
         let mut i = 0;
         while i < chunks.len() {

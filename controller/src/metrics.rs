@@ -1,0 +1,140 @@
+//! The controller's metrics, through the `metrics` facade (the binary
+//! exports them; docs/OPERATIONS.md "Metrics" lists each). Heartbeat
+//! handling and plan durations are recorded where they happen; the cell's
+//! gauges are set from the replicated state and the leader's health view
+//! when a scrape asks ([`observe`]).
+//!
+//! What only the leader knows (node liveness, under-replication, intent
+//! ages) reads 0 on a follower, so `sum` over the controllers gives the
+//! leader's view; what every member applies (tablets, intents, route
+//! generation) is the same on each: take `max`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use ::metrics::{gauge, histogram};
+
+use crate::server::Controller;
+use crate::state::{Admin, CellState, IntentKind, IntentState};
+
+/// Node states as the gauge names them.
+pub const NODE_STATES: [&str; 5] = ["up", "suspect", "dead", "draining", "decommissioned"];
+const INTENT_KINDS: [&str; 4] = ["move", "transfer_leader", "split", "merge"];
+const INTENT_STATES: [&str; 3] = ["pending", "done", "failed"];
+
+/// One heartbeat handled (answered, or refused).
+pub(crate) fn record_heartbeat(elapsed: Duration, ok: bool) {
+    // Literal labels: a static key, nothing allocated per heartbeat.
+    if ok {
+        histogram!("stele_controller_heartbeat_seconds", "result" => "ok").record(elapsed);
+    } else {
+        histogram!("stele_controller_heartbeat_seconds", "result" => "error").record(elapsed);
+    }
+}
+
+/// One scheduler plan made (the pure part of a pass).
+pub(crate) fn record_plan(elapsed: Duration) {
+    histogram!("stele_controller_plan_seconds").record(elapsed);
+}
+
+fn kind_name(k: &IntentKind) -> &'static str {
+    match k {
+        IntentKind::Move { .. } => "move",
+        IntentKind::TransferLeader { .. } => "transfer_leader",
+        IntentKind::Split { .. } => "split",
+        IntentKind::Merge { .. } => "merge",
+    }
+}
+
+fn state_name(s: &IntentState) -> &'static str {
+    match s {
+        IntentState::Pending => "pending",
+        IntentState::Done { .. } => "done",
+        IntentState::Failed { .. } => "failed",
+    }
+}
+
+/// Sets the cell's gauges from `c`'s state and (on the leader) its health
+/// view; run by the binary before each render.
+pub fn observe(c: &Controller) {
+    let leading = c.quorum.is_leader();
+    gauge!("stele_controller_leader").set(if leading { 1.0 } else { 0.0 });
+    for r in ["ok", "error"] {
+        let _ = histogram!("stele_controller_heartbeat_seconds", "result" => r);
+    }
+    let _ = histogram!("stele_controller_plan_seconds");
+    let s = c.quorum.state();
+    gauge!("stele_controller_route_generation").set(s.route_generation as f64);
+    gauge!("stele_controller_tablets").set(s.tablets.len() as f64);
+    let unplaced = s.tablets.values().filter(|t| t.voters.is_empty()).count();
+    gauge!("stele_controller_tablets_unplaced").set(unplaced as f64);
+    let mut intents: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+    for i in s.intents.values() {
+        *intents
+            .entry((kind_name(&i.kind), state_name(&i.state)))
+            .or_default() += 1;
+    }
+    for k in INTENT_KINDS {
+        for st in INTENT_STATES {
+            let n = intents.get(&(k, st)).copied().unwrap_or(0);
+            gauge!("stele_controller_intents", "kind" => k, "state" => st).set(n as f64);
+        }
+    }
+    observe_health(c, &s, leading);
+}
+
+/// The leader-only gauges: node states, under-replicated tablets, the
+/// oldest pending intent of each kind. Zero on a follower.
+fn observe_health(c: &Controller, s: &CellState, leading: bool) {
+    let now = Instant::now();
+    let mut states: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut up = BTreeSet::new();
+    let mut oldest: BTreeMap<&str, f64> = BTreeMap::new();
+    if leading {
+        let h = c.health();
+        let lease = c.opts.lease;
+        for n in s.nodes.values() {
+            let silent = h.seen.get(&n.id).map(|t| now.duration_since(*t));
+            let state = match (n.admin, n.dead) {
+                (Admin::Decommissioned, _) => "decommissioned",
+                (_, true) => "dead",
+                _ if h.lease_expired(n, now, lease) || h.dead_since.contains_key(&n.id) => "dead",
+                (Admin::Draining, _) => "draining",
+                _ if silent.is_none_or(|d| d > lease / 2) => "suspect",
+                _ => "up",
+            };
+            if state == "up" {
+                up.insert(n.id);
+            }
+            *states.entry(state).or_default() += 1;
+        }
+        for i in s.intents.values() {
+            if i.state == IntentState::Pending {
+                let age = h.intent_age(i.id, now).as_secs_f64();
+                let e = oldest.entry(kind_name(&i.kind)).or_default();
+                *e = e.max(age);
+            }
+        }
+    }
+    for st in NODE_STATES {
+        let n = states.get(st).copied().unwrap_or(0);
+        gauge!("stele_controller_nodes", "state" => st).set(n as f64);
+    }
+    for k in INTENT_KINDS {
+        let age = oldest.get(k).copied().unwrap_or(0.0);
+        gauge!("stele_controller_intent_oldest_seconds", "kind" => k).set(age);
+    }
+    let replication = s.cell.as_ref().map_or(0, |c| c.replication) as usize;
+    let under = if leading {
+        s.tablets
+            .values()
+            .filter(|t| {
+                !t.voters.is_empty()
+                    && t.voters.iter().filter(|r| up.contains(&r.node)).count() < replication
+            })
+            .count()
+    } else {
+        0
+    };
+    gauge!("stele_controller_tablets_under_replicated").set(under as f64);
+}
