@@ -11,6 +11,7 @@
 use std::sync::{Mutex, OnceLock};
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_util::MetricKindMask;
 
 /// Latency buckets (seconds): 100 µs to 10 s.
 const SECONDS: &[f64] = &[
@@ -25,6 +26,9 @@ const RECORDS: &[f64] = &[
 const BYTES: &[f64] = &[
     256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0, 16777216.0,
 ];
+
+/// How long a gauge nobody sets stays in the output.
+const GAUGE_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What a scrape runs before rendering: each role's observer.
 type Hook = Box<dyn Fn() + Send + Sync>;
@@ -45,7 +49,11 @@ pub fn install() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
+            // Every gauge is set at each scrape by the roles' observers;
+            // one nobody sets any more (a tablet that left the node's
+            // hottest, a peer no longer followed) leaves the output.
             let builder = PrometheusBuilder::new()
+                .idle_timeout(MetricKindMask::GAUGE, Some(GAUGE_IDLE))
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS)
                 .and_then(|b| {
                     b.set_buckets_for_metric(
@@ -60,11 +68,9 @@ pub fn install() -> PrometheusHandle {
                     )
                 })
                 .expect("bucket lists are not empty");
-            let handle = builder
+            builder
                 .install_recorder()
-                .expect("the first and only metrics recorder");
-            ::metrics::gauge!("stele_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
-            handle
+                .expect("the first and only metrics recorder")
         })
         .clone()
 }
@@ -105,6 +111,7 @@ pub fn render() -> String {
 /// CPU, memory and file descriptors of this process, from `/proc/self`
 /// (absent where there is no `/proc`).
 fn observe_process() {
+    ::metrics::gauge!("stele_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     if let Ok(stat) = std::fs::read_to_string("/proc/self/stat")
         && let Some(ticks) = cpu_ticks(&stat)
     {

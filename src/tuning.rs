@@ -53,6 +53,11 @@ pub struct Tuning {
     /// its leader for a random time in [T, 2T) campaigns; heartbeats every T/3.
     #[arg(long, default_value_t = 3000)]
     pub election_timeout_ms: u64,
+    /// Per-tablet series on /metrics (`stele_tablet_hot_*`) for this many
+    /// of the tablets this node leads, the busiest since the previous
+    /// scrape; 0: none. Bounds the series a scrape carries.
+    #[arg(long, default_value_t = 10)]
+    pub metrics_hot_tablets: usize,
     #[command(flatten)]
     pub cold: ColdTierArgs,
 }
@@ -249,6 +254,10 @@ impl Tuning {
                 "--election-timeout-ms",
                 self.election_timeout_ms.to_string(),
             ),
+            (
+                "--metrics-hot-tablets",
+                self.metrics_hot_tablets.to_string(),
+            ),
         ]
         .into_iter()
         .flat_map(|(k, v)| [k.to_string(), v])
@@ -277,6 +286,7 @@ pub fn node_options(
     o.journal.reserve_bytes = t.journal_reserve_bytes;
     o.journal_retained_bytes_max = t.journal_retained_bytes_max;
     o.disk_reserve_bytes = t.disk_reserve_bytes;
+    o.metrics_hot_tablets = t.metrics_hot_tablets;
     o.batch_bytes_max = t.batch_bytes_max;
     o.batch_records_max = t.batch_records_max;
     // One batch is one journal frame: size the frame limit from the batch.

@@ -8,12 +8,14 @@
 //! ```
 //!
 //! Without a recorder (no `--http-listen`) every call is a no-op. Labels
-//! are bounded: request kinds, results, peer node ids; never a tablet.
+//! are bounded: request kinds, results, peer node ids, and a tablet id
+//! only on the `stele_tablet_hot_*` gauges of the few tablets this node
+//! leads with the most load since the previous scrape ([`hottest`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ::metrics::{counter, gauge, histogram};
 
@@ -124,15 +126,56 @@ pub struct Observer {
     /// Peers whose lag the last scrape reported: set to 0 when this node
     /// no longer leads a tablet with a follower there.
     peers: Mutex<std::collections::BTreeSet<u64>>,
+    /// How many tablets get `stele_tablet_hot_*` series (0: none).
+    hot_tablets_max: usize,
+    /// The led tablets' load counters at the previous scrape, and when.
+    loads: Mutex<(Option<Instant>, HashMap<u64, Load>)>,
+}
+
+/// A tablet's load counters since its replica started: records applied
+/// and reads served.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Load {
+    pub records: u64,
+    pub reads: u64,
+}
+
+/// The at most `n` tablets of `now` with the most records applied plus
+/// reads served since `last` (a tablet absent from `last`, or whose
+/// counters went back because its replica restarted, counts from zero),
+/// busiest first, ties by tablet id; tablets without load are left out,
+/// so an idle node exports no per-tablet series.
+pub fn hottest(now: &HashMap<u64, Load>, last: &HashMap<u64, Load>, n: usize) -> Vec<(u64, Load)> {
+    let mut moved: Vec<(u64, Load)> = now
+        .iter()
+        .map(|(tablet, l)| {
+            let before = last
+                .get(tablet)
+                .filter(|b| b.records <= l.records && b.reads <= l.reads)
+                .copied()
+                .unwrap_or_default();
+            let delta = Load {
+                records: l.records - before.records,
+                reads: l.reads - before.reads,
+            };
+            (*tablet, delta)
+        })
+        .filter(|(_, d)| d.records + d.reads > 0)
+        .collect();
+    moved.sort_by_key(|(tablet, d)| (std::cmp::Reverse(d.records + d.reads), *tablet));
+    moved.truncate(n);
+    moved
 }
 
 impl Observer {
     pub fn new(node: Arc<Node>) -> Observer {
         register();
         Observer {
+            hot_tablets_max: node.options.metrics_hot_tablets,
             node,
             leaders: Mutex::new(HashMap::new()),
             peers: Mutex::default(),
+            loads: Mutex::default(),
         }
     }
 
@@ -173,6 +216,7 @@ impl Observer {
         let mut lag: HashMap<u64, (u64, f64)> = HashMap::new();
         let mut leaders = self.leaders.lock().expect("lock poisoned");
         let mut seen = HashMap::with_capacity(replicas.len());
+        let mut loads = HashMap::new();
         for r in &replicas {
             let s = &r.tablet.stats;
             records += s.records_applied.load(Relaxed);
@@ -190,6 +234,11 @@ impl Observer {
             }
             if v.leader == Some(r.replica_id) {
                 led += 1;
+                let load = Load {
+                    records: s.records_applied.load(Relaxed),
+                    reads: s.reads_served.load(Relaxed),
+                };
+                loads.insert(r.tablet.id, load);
             }
             for (peer, entries, secs) in v.followers {
                 let e = lag.entry(peer).or_default();
@@ -217,6 +266,33 @@ impl Observer {
         counter!("stele_tablet_seal_failures_total").absolute(seal_failures);
         counter!("stele_tablet_compactions_total").absolute(compactions);
         counter!("stele_raft_snapshots_installed_total").absolute(snapshots);
+        self.observe_hot(&replicas, loads);
+    }
+
+    /// The `stele_tablet_hot_*` gauges: rates over the time since the
+    /// previous scrape (none at the first). A tablet that leaves the top
+    /// is no longer set, and the recorder drops its series once idle
+    /// (the binary's gauge idle timeout), so the series stay bounded.
+    fn observe_hot(&self, replicas: &[Arc<crate::raft::Replica>], now: HashMap<u64, Load>) {
+        let mut guard = self.loads.lock().expect("lock poisoned");
+        let (at, last) = &mut *guard;
+        let t = Instant::now();
+        let elapsed = at.map(|a| t.duration_since(a).as_secs_f64());
+        if let Some(secs) = elapsed.filter(|s| *s > 0.0) {
+            for (tablet, d) in hottest(&now, last, self.hot_tablets_max) {
+                let label = tablet.to_string();
+                gauge!("stele_tablet_hot_records_per_second", "tablet" => label.clone())
+                    .set(d.records as f64 / secs);
+                gauge!("stele_tablet_hot_reads_per_second", "tablet" => label.clone())
+                    .set(d.reads as f64 / secs);
+                if let Some(r) = replicas.iter().find(|r| r.tablet.id == tablet) {
+                    gauge!("stele_tablet_hot_segment_bytes", "tablet" => label)
+                        .set(r.tablet.read_bytes() as f64);
+                }
+            }
+        }
+        *at = Some(t);
+        *last = now;
     }
 }
 
@@ -255,4 +331,43 @@ fn observe_tier(node: &Node) {
         .absolute(load(|s| &s.cold_bytes_fetched));
     counter!("stele_tier_cold_read_bytes_total", "source" => "cache")
         .absolute(load(|s| &s.cold_bytes_cached));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn loads(v: &[(u64, u64, u64)]) -> HashMap<u64, Load> {
+        v.iter()
+            .map(|(t, records, reads)| {
+                let l = Load {
+                    records: *records,
+                    reads: *reads,
+                };
+                (*t, l)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_hottest_tablets_are_the_busiest_since_the_last_scrape() {
+        let last = loads(&[(1, 100, 0), (2, 10, 5), (3, 50, 50), (4, 7, 0)]);
+        // Tablet 1 was busy before but not since; 5 is new; 4 restarted
+        // (its counter went back) and counts from zero.
+        let now = loads(&[(1, 100, 0), (2, 40, 5), (3, 60, 70), (4, 3, 0), (5, 25, 0)]);
+        let top = hottest(&now, &last, 3);
+        let ids: Vec<u64> = top.iter().map(|(t, _)| *t).collect();
+        assert_eq!(ids, vec![2, 3, 5], "30 and 30 (tie by id), then 25");
+        assert_eq!(
+            top[1].1,
+            Load {
+                records: 10,
+                reads: 20
+            }
+        );
+        assert_eq!(hottest(&now, &last, 10).len(), 4, "no series without load");
+        assert!(hottest(&now, &last, 0).is_empty());
+        assert!(hottest(&last, &last, 5).is_empty(), "an idle node has none");
+        assert!(hottest(&HashMap::new(), &last, 5).is_empty());
+    }
 }

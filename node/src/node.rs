@@ -68,6 +68,9 @@ pub struct NodeOptions {
     pub journal_retained_bytes_max: u64,
     /// Refuse appends with `StorageFull` when free space falls below this.
     pub disk_reserve_bytes: u64,
+    /// How many of the busiest tablets this node leads get per-tablet
+    /// series on /metrics (`metrics::Observer`); 0: none.
+    pub metrics_hot_tablets: usize,
     /// How often the seal policy runs.
     pub policy_interval: Duration,
     pub value_bytes_max: usize,
@@ -124,6 +127,7 @@ impl NodeOptions {
             memtable_budget_bytes: 1 << 30,
             journal_retained_bytes_max: 1 << 30,
             disk_reserve_bytes: 256 << 20,
+            metrics_hot_tablets: 10,
             policy_interval: Duration::from_millis(250),
             value_bytes_max: stele_proto::limits::VALUE_BYTES_MAX_DEFAULT,
             batch_bytes_max: stele_proto::limits::BATCH_BYTES_MAX_DEFAULT,
