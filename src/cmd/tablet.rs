@@ -10,6 +10,8 @@ use stele_proto::pb;
 
 use super::controllers::{Target, admin};
 use super::intent::{intent_json, report_intent};
+use super::progress::Wait;
+use super::table;
 
 #[derive(Debug, Subcommand)]
 pub enum TabletCommand {
@@ -18,6 +20,8 @@ pub enum TabletCommand {
         #[command(flatten)]
         target: Target,
     },
+    /// One tablet: range, generation, leader, replicas, open intent, and
+    /// the last split or merge that changed it with its reason.
     Show {
         id: u64,
         #[command(flatten)]
@@ -35,8 +39,9 @@ pub enum TabletCommand {
         expect_generation: u64,
         #[command(flatten)]
         target: Target,
-        #[arg(long)]
-        wait: bool,
+        /// --wait: until the intent is done or failed.
+        #[command(flatten)]
+        wait: Wait,
     },
     /// Split a tablet in two on the same nodes: it keeps `[lo, at)`, a new
     /// tablet takes `[at, hi)`. Writes pause briefly; nothing is lost or
@@ -54,8 +59,9 @@ pub enum TabletCommand {
         expect_generation: u64,
         #[command(flatten)]
         target: Target,
-        #[arg(long)]
-        wait: bool,
+        /// --wait: until the intent is done or failed.
+        #[command(flatten)]
+        wait: Wait,
     },
     /// Merge two adjacent tablets into one: the one with the larger id
     /// absorbs the other. The absorbed tablet's replicas first move onto
@@ -75,8 +81,9 @@ pub enum TabletCommand {
         expect_generation_b: u64,
         #[command(flatten)]
         target: Target,
-        #[arg(long)]
-        wait: bool,
+        /// --wait: until the intent is done or failed.
+        #[command(flatten)]
+        wait: Wait,
     },
     /// Hand a tablet's leadership to its voter on another node.
     TransferLeader {
@@ -85,8 +92,9 @@ pub enum TabletCommand {
         to: u64,
         #[command(flatten)]
         target: Target,
-        #[arg(long)]
-        wait: bool,
+        /// --wait: until the intent is done or failed.
+        #[command(flatten)]
+        wait: Wait,
     },
 }
 
@@ -118,9 +126,9 @@ pub async fn run(cmd: TabletCommand) -> anyhow::Result<()> {
                     serde_json::Value::Array(tablets.iter().map(tablet_json).collect())
                 );
             } else {
-                println!(
-                    "{:>6}  {:>10} {:>10} {:>5} {:>6} {:>6}  voters",
-                    "tablet", "vshard lo", "vshard hi", "gen", "leader", "intent"
+                let mut tab = table::new(
+                    &["tablet", "vshard lo", "vshard hi", "gen", "leader", "intent", "voters"],
+                    &[0, 1, 2, 3, 4, 5],
                 );
                 for t in &tablets {
                     let voters: Vec<String> = t
@@ -134,17 +142,17 @@ pub async fn run(cmd: TabletCommand) -> anyhow::Result<()> {
                             }
                         })
                         .collect();
-                    println!(
-                        "{:>6}  {:>10} {:>10} {:>5} {:>6} {:>6}  {}",
-                        t.id,
-                        t.vshard_lo,
-                        t.vshard_hi,
-                        t.generation,
-                        t.leader_node,
-                        t.intent,
-                        voters.join(",")
-                    );
+                    tab.add_row(vec![
+                        t.id.to_string(),
+                        t.vshard_lo.to_string(),
+                        t.vshard_hi.to_string(),
+                        t.generation.to_string(),
+                        t.leader_node.to_string(),
+                        t.intent.to_string(),
+                        voters.join(","),
+                    ]);
                 }
+                table::print(&tab);
             }
             Ok(())
         }
@@ -195,7 +203,7 @@ pub async fn run(cmd: TabletCommand) -> anyhow::Result<()> {
             let i = a
                 .call(|mut c| async move { c.move_tablet(req).await })
                 .await?;
-            report_intent(&a, i, wait, target.json).await
+            report_intent(&a, i, &wait, target.json).await
         }
         TabletCommand::Split {
             id,
@@ -235,7 +243,7 @@ pub async fn run(cmd: TabletCommand) -> anyhow::Result<()> {
                 }
                 return Ok(());
             }
-            report_intent(&a, i, wait, target.json).await
+            report_intent(&a, i, &wait, target.json).await
         }
         TabletCommand::Merge {
             a: ta,
@@ -276,7 +284,7 @@ pub async fn run(cmd: TabletCommand) -> anyhow::Result<()> {
                 }
                 return Ok(());
             }
-            report_intent(&a, i, wait, target.json).await
+            report_intent(&a, i, &wait, target.json).await
         }
         TabletCommand::TransferLeader {
             id,
@@ -289,7 +297,7 @@ pub async fn run(cmd: TabletCommand) -> anyhow::Result<()> {
             let i = a
                 .call(|mut c| async move { c.transfer_leader(req).await })
                 .await?;
-            report_intent(&a, i, wait, target.json).await
+            report_intent(&a, i, &wait, target.json).await
         }
     }
 }
