@@ -73,7 +73,12 @@ fn node_json(n: &pb::NodeInfo) -> serde_json::Value {
     })
 }
 
-async fn set_state(target: &Target, id: u64, state: &str, wait: Option<&Wait>) -> anyhow::Result<()> {
+async fn set_state(
+    target: &Target,
+    id: u64,
+    state: &str,
+    wait: Option<&Wait>,
+) -> anyhow::Result<()> {
     let a = admin(target)?;
     let req = pb::SetNodeStateRequest {
         node: id,
@@ -120,7 +125,17 @@ async fn set_state(target: &Target, id: u64, state: &str, wait: Option<&Wait>) -
 /// `node list` for people.
 fn print_nodes(nodes: &[&pb::NodeInfo]) {
     let mut t = table::new(
-        &["node", "state", "zone", "rack", "replicas", "leaders", "hb age ms", "version", "endpoint"],
+        &[
+            "node",
+            "state",
+            "zone",
+            "rack",
+            "replicas",
+            "leaders",
+            "hb age ms",
+            "version",
+            "endpoint",
+        ],
         &[0, 4, 5, 6],
     );
     for n in nodes {
@@ -132,7 +147,11 @@ fn print_nodes(nodes: &[&pb::NodeInfo]) {
             n.replicas.to_string(),
             n.leaders.to_string(),
             n.heartbeat_age_ms.to_string(),
-            if n.version.is_empty() { "?".into() } else { n.version.clone() },
+            if n.version.is_empty() {
+                "?".into()
+            } else {
+                n.version.clone()
+            },
             n.client_endpoint.clone(),
         ]);
     }

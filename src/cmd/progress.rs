@@ -58,7 +58,13 @@ impl Waiting {
     /// `Err` once the limit has passed: an error that names what was being
     /// waited for (`what`), how far it got (`how_far`) and what goes on
     /// without this command (`goes_on`).
-    pub async fn next(&self, poll: Duration, what: &str, how_far: &str, goes_on: &str) -> anyhow::Result<()> {
+    pub async fn next(
+        &self,
+        poll: Duration,
+        what: &str,
+        how_far: &str,
+        goes_on: &str,
+    ) -> anyhow::Result<()> {
         let elapsed = self.started.elapsed();
         if elapsed >= self.timeout {
             self.shown.abandon();
@@ -117,10 +123,11 @@ impl Progress {
         })
     }
 
-    /// A bar of `total` bytes with the rate and the time left.
-    pub fn bytes(total: u64, what: &str, quiet: bool) -> Progress {
+    /// A bar of bytes with the rate and the time left; its total comes
+    /// with [`Progress::set_total`].
+    pub fn bytes(what: &str, quiet: bool) -> Progress {
         let p = Progress::new(quiet, || {
-            ProgressBar::new(total).with_style(
+            ProgressBar::new(0).with_style(
                 ProgressStyle::with_template(
                     "{spinner} {msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec}, ETA {eta}",
                 )
@@ -128,13 +135,17 @@ impl Progress {
                 .progress_chars("=> "),
             )
         });
-        if let Some(b) = &p.bar {
-            b.set_message(what.to_string());
-        }
-        if p.plain {
-            eprintln!("{what}: {} to fetch", indicatif::HumanBytes(total));
-        }
+        p.set(what);
         p
+    }
+
+    /// How many bytes there are to do in all.
+    pub fn set_total(&self, total: u64) {
+        if let Some(b) = &self.bar {
+            b.set_length(total);
+        } else if self.plain {
+            eprintln!("  {} to fetch", indicatif::HumanBytes(total));
+        }
     }
 
     /// The current state, e.g. `intent 31: colocating`: redrawn on a
@@ -165,10 +176,16 @@ impl Progress {
         }
     }
 
-    /// Done: the bar is cleared (the result is printed after it).
+    /// Done: the bar is cleared (the result is printed after it); plain
+    /// lines end with the bytes done, if any.
     pub fn finish(&self) {
         if let Some(b) = &self.bar {
             b.finish_and_clear();
+        } else if self.plain {
+            let done = self.bytes.lock().expect("not poisoned").0;
+            if done > 0 {
+                eprintln!("  {} fetched, done", indicatif::HumanBytes(done));
+            }
         }
     }
 
@@ -177,5 +194,16 @@ impl Progress {
         if let Some(b) = &self.bar {
             b.abandon();
         }
+    }
+}
+
+/// A restore's progress shown as a bar of bytes.
+impl stele_node::tier::restore::Progress for Progress {
+    fn planned(&self, bytes: u64) {
+        self.set_total(bytes);
+    }
+
+    fn fetched(&self, bytes: u64) {
+        self.inc(bytes);
     }
 }

@@ -31,13 +31,28 @@ pub fn pairs() -> Table {
     t
 }
 
-/// The table as lines, each without trailing blanks, ending in a newline.
+/// The table as lines, each without trailing blanks (the header's rule as
+/// long as the longest line), ending in a newline.
 pub fn render(t: &Table) -> String {
+    let is_rule = |l: &str| !l.is_empty() && l.chars().all(|c| c == '-');
+    // The border column of the style is a blank: drop it too.
+    let lines: Vec<String> = t
+        .lines()
+        .map(|l| l.strip_prefix(' ').unwrap_or(&l).trim_end().to_string())
+        .collect();
+    let width = lines
+        .iter()
+        .filter(|l| !is_rule(l))
+        .map(|l| l.chars().count())
+        .max()
+        .unwrap_or(0);
     let mut out = String::new();
-    for line in t.lines() {
-        // The border column of the NOTHING preset is a blank: drop it too.
-        let line = line.strip_prefix(' ').unwrap_or(&line).trim_end();
-        out.push_str(line);
+    for line in &lines {
+        if is_rule(line) {
+            out.push_str(&"-".repeat(width));
+        } else {
+            out.push_str(line);
+        }
         out.push('\n');
     }
     out
@@ -58,7 +73,7 @@ mod tests {
         let text = super::render(&t);
         let want = "\
 node  state           replicas
---------------------------------
+------------------------------
    1  up                    12
   10  decommissioned         0
 ";

@@ -127,7 +127,15 @@ pub async fn run(cmd: TabletCommand) -> anyhow::Result<()> {
                 );
             } else {
                 let mut tab = table::new(
-                    &["tablet", "vshard lo", "vshard hi", "gen", "leader", "intent", "voters"],
+                    &[
+                        "tablet",
+                        "vshard lo",
+                        "vshard hi",
+                        "gen",
+                        "leader",
+                        "intent",
+                        "voters",
+                    ],
                     &[0, 1, 2, 3, 4, 5],
                 );
                 for t in &tablets {
