@@ -1,6 +1,6 @@
 //! Duration-valued flags of every subcommand (`--timeout`, `--hold`,
 //! `--duration`, `--retry-budget`, `--expires`): one parser, humantime's
-//! (`30s`, `500ms`, `2m`, `1h 30m`, `30d`), plus a bare number of seconds
+//! (`30s`, `500ms`, `1.5s`, `2m`, `1h 30m`, `30d`), plus a bare number of seconds
 //! (`7`, `1.5`) as the flags took before. Flags named `*_ms` stay plain
 //! milliseconds.
 
@@ -61,6 +61,7 @@ mod tests {
             ("1h", Some(3_600_000)),
             ("1h 30m", Some(5_400_000)),
             ("1m30s", Some(90_000)),
+            ("1.5s", Some(1500)),
             ("30d", Some(30 * 86_400_000)),
             ("7", Some(7000)),
             ("1.5", Some(1500)),

@@ -26,8 +26,8 @@ pub enum TokenCommand {
         #[arg(long, value_delimiter = ',', required = true)]
         rights: Vec<String>,
         /// How long it lives (`30d`, `12h`, `90m`; at most ten years).
-        #[arg(long, default_value = "30d")]
-        expires: humantime::Duration,
+        #[arg(long, value_name = "DURATION", default_value = "30d", value_parser = super::duration::parse_duration)]
+        expires: Duration,
         /// Who it is for, as `stele token list` shows it.
         #[arg(long, default_value = "client")]
         name: String,
@@ -98,7 +98,7 @@ pub async fn run(cmd: TokenCommand) -> anyhow::Result<()> {
                 name,
                 namespaces,
                 rights,
-                ttl_s: Duration::from(expires).as_secs(),
+                ttl_s: expires.as_secs(),
             };
             let resp = admin(&target)?
                 .call(|mut c| {
