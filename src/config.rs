@@ -354,7 +354,7 @@ fn explain(e: &clap::Error, argv: &[OsString]) -> Option<anyhow::Error> {
     use clap::error::{ContextKind, ContextValue, ErrorKind};
     // Settings (flag, environment variable, config key) are the server's;
     // another command's error (`--timeout` without `--wait`) is clap's own.
-    if !argv.iter().skip(1).any(|a| a == SERVER) {
+    if !argv.iter().any(|a| a == SERVER) {
         return None;
     }
     let flags: Vec<String> = match e.get(ContextKind::InvalidArg)? {
