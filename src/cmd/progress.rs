@@ -92,6 +92,8 @@ pub struct Progress {
     /// they were last printed.
     last_state: Mutex<String>,
     bytes: Mutex<(u64, Instant)>,
+    /// What a bar of bytes is of (`restoring cell c1`).
+    label: String,
 }
 
 /// How often a plain byte count is printed at most.
@@ -110,6 +112,7 @@ impl Progress {
             plain: !quiet && !terminal,
             last_state: Mutex::new(String::new()),
             bytes: Mutex::new((0, Instant::now())),
+            label: String::new(),
         }
     }
 
@@ -126,7 +129,7 @@ impl Progress {
     /// A bar of bytes with the rate and the time left; its total comes
     /// with [`Progress::set_total`].
     pub fn bytes(what: &str, quiet: bool) -> Progress {
-        let p = Progress::new(quiet, || {
+        let mut p = Progress::new(quiet, || {
             ProgressBar::new(0).with_style(
                 ProgressStyle::with_template(
                     "{spinner} {msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec}, ETA {eta}",
@@ -135,7 +138,10 @@ impl Progress {
                 .progress_chars("=> "),
             )
         });
-        p.set(what);
+        if let Some(b) = &p.bar {
+            b.set_message(what.to_string());
+        }
+        p.label = what.to_string();
         p
     }
 
@@ -144,7 +150,7 @@ impl Progress {
         if let Some(b) = &self.bar {
             b.set_length(total);
         } else if self.plain {
-            eprintln!("  {} to fetch", indicatif::HumanBytes(total));
+            eprintln!("{}: {} to fetch", self.label, indicatif::HumanBytes(total));
         }
     }
 
