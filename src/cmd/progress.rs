@@ -213,3 +213,33 @@ impl stele_node::tier::restore::Progress for Progress {
         self.inc(bytes);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::Waiting;
+
+    #[tokio::test]
+    async fn a_wait_gives_up_naming_what_and_how_far() {
+        let w = Waiting::new(Duration::from_millis(20), true);
+        let look = || {
+            w.next(
+                Duration::from_secs(5),
+                "intent 7",
+                "still pending",
+                "it goes on",
+            )
+        };
+        // Within the limit: a sleep of at most what is left, not the poll.
+        let started = std::time::Instant::now();
+        look().await.unwrap();
+        assert!(started.elapsed() < Duration::from_secs(1));
+        let e = look().await.unwrap_err().to_string();
+        assert!(
+            e.starts_with("gave up waiting for intent 7 after ")
+                && e.ends_with("(--timeout 20ms): still pending; it goes on"),
+            "{e}"
+        );
+    }
+}
