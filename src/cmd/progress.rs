@@ -96,6 +96,18 @@ pub struct Progress {
     label: String,
 }
 
+fn spinner_style() -> ProgressStyle {
+    ProgressStyle::with_template("{spinner} {msg} ({elapsed})").expect("a valid template")
+}
+
+fn bytes_style() -> ProgressStyle {
+    ProgressStyle::with_template(
+        "{spinner} {msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec}, ETA {eta}",
+    )
+    .expect("a valid template")
+    .progress_chars("=> ")
+}
+
 /// How often a plain byte count is printed at most.
 const PLAIN_BYTES_EVERY: Duration = Duration::from_secs(2);
 
@@ -119,25 +131,14 @@ impl Progress {
     /// A spinner with a message and the time waited.
     pub fn spinner(quiet: bool) -> Progress {
         Progress::new(quiet, || {
-            ProgressBar::new_spinner().with_style(
-                ProgressStyle::with_template("{spinner} {msg} ({elapsed})")
-                    .expect("a valid template"),
-            )
+            ProgressBar::new_spinner().with_style(spinner_style())
         })
     }
 
     /// A bar of bytes with the rate and the time left; its total comes
     /// with [`Progress::set_total`].
     pub fn bytes(what: &str, quiet: bool) -> Progress {
-        let mut p = Progress::new(quiet, || {
-            ProgressBar::new(0).with_style(
-                ProgressStyle::with_template(
-                    "{spinner} {msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec}, ETA {eta}",
-                )
-                .expect("a valid template")
-                .progress_chars("=> "),
-            )
-        });
+        let mut p = Progress::new(quiet, || ProgressBar::new(0).with_style(bytes_style()));
         if let Some(b) = &p.bar {
             b.set_message(what.to_string());
         }
@@ -219,6 +220,14 @@ mod tests {
     use std::time::Duration;
 
     use super::Waiting;
+
+    /// The styles are built only on a terminal: a broken template would
+    /// panic there and nowhere a test looks.
+    #[test]
+    fn styles_are_valid() {
+        super::spinner_style();
+        super::bytes_style();
+    }
 
     #[tokio::test]
     async fn a_wait_gives_up_naming_what_and_how_far() {
