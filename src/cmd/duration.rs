@@ -1,8 +1,9 @@
 //! Duration-valued flags of every subcommand (`--timeout`, `--hold`,
 //! `--duration`, `--retry-budget`, `--expires`): one parser, humantime's
 //! (`30s`, `500ms`, `1.5s`, `2m`, `1h 30m`, `30d`), plus a bare number of seconds
-//! (`7`, `1.5`) as the flags took before. Flags named `*_ms` stay plain
-//! milliseconds.
+//! (`7`, `1.5`) as the flags took before. Flags whose name ends in a unit
+//! (`--lease-ms`, `--memtable-age-max-s`: server settings and config keys)
+//! stay plain numbers of that unit.
 
 use std::time::Duration;
 
