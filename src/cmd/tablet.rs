@@ -116,6 +116,32 @@ fn tablet_json(t: &pb::CellTablet) -> serde_json::Value {
     })
 }
 
+/// `tablet show` for people: range, generation, leader, the open intent
+/// (`open`, when it could be read), replicas, and the last split or merge
+/// with its reason (an intent's kind reads `split (REASON)`).
+fn show_text(t: &pb::CellTablet, open: Option<&pb::Intent>) -> String {
+    let mut out = format!(
+        "tablet {} [{}, {})\ngeneration {}\nleader     node {}\n",
+        t.id, t.vshard_lo, t.vshard_hi, t.generation, t.leader_node
+    );
+    let intent = match open {
+        _ if t.intent == 0 => "none".to_string(),
+        Some(i) if i.id == t.intent => format!("{}: {} — {}", i.id, i.kind, i.state),
+        _ => t.intent.to_string(),
+    };
+    out += &format!("intent     {intent}\n");
+    for r in &t.replicas {
+        out += &format!(
+            "replica    {} on node {} ({})\n",
+            r.replica_id, r.node, r.role
+        );
+    }
+    if let Some(i) = &t.last_change {
+        out += &format!("changed    by intent {}: {} — {}\n", i.id, i.kind, i.state);
+    }
+    out
+}
+
 pub async fn run(cmd: TabletCommand) -> anyhow::Result<()> {
     match cmd {
         TabletCommand::List { target } => {
@@ -165,31 +191,25 @@ pub async fn run(cmd: TabletCommand) -> anyhow::Result<()> {
             Ok(())
         }
         TabletCommand::Show { id, target } => {
-            let tablets = list_tablets(&admin(&target)?, Some(id)).await?;
+            let a = admin(&target)?;
+            let tablets = list_tablets(&a, Some(id)).await?;
             let t = tablets.first().context("no such tablet")?;
             if target.json {
                 println!("{}", tablet_json(t));
             } else {
-                println!("tablet {} [{}, {})", t.id, t.vshard_lo, t.vshard_hi);
-                println!("generation {}", t.generation);
-                println!("leader     node {}", t.leader_node);
-                println!(
-                    "intent     {}",
-                    if t.intent == 0 {
-                        "none".into()
-                    } else {
-                        t.intent.to_string()
-                    }
-                );
-                for r in &t.replicas {
-                    println!(
-                        "replica    {} on node {} ({})",
-                        r.replica_id, r.node, r.role
-                    );
-                }
-                if let Some(i) = &t.last_change {
-                    println!("changed    by intent {}: {} — {}", i.id, i.kind, i.state);
-                }
+                // The open intent's kind, reason and state; its id alone
+                // if it closed (or cannot be read) meanwhile.
+                let open =
+                    match t.intent {
+                        0 => None,
+                        i => a
+                            .call(|mut c| async move {
+                                c.get_intent(pb::GetIntentRequest { id: i }).await
+                            })
+                            .await
+                            .ok(),
+                    };
+                print!("{}", show_text(t, open.as_ref()));
             }
             Ok(())
         }
@@ -307,5 +327,44 @@ pub async fn run(cmd: TabletCommand) -> anyhow::Result<()> {
                 .await?;
             report_intent(&a, i, &wait, target.json).await
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use stele_proto::pb;
+
+    #[test]
+    fn show_names_the_open_intent_and_the_last_change_with_their_reasons() {
+        let split = |id: u64, reason: &str, state: &str| pb::Intent {
+            id,
+            kind: format!("split ({reason})"),
+            reason: reason.into(),
+            state: state.into(),
+            ..Default::default()
+        };
+        let t = pb::CellTablet {
+            id: 12,
+            vshard_lo: 0,
+            vshard_hi: 100,
+            generation: 3,
+            leader_node: 2,
+            intent: 31,
+            last_change: Some(split(30, "auto: 1.2 GiB sealed", "done")),
+            ..Default::default()
+        };
+        let text = super::show_text(&t, Some(&split(31, "operator", "pending")));
+        assert!(
+            text.contains("intent     31: split (operator) — pending\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("changed    by intent 30: split (auto: 1.2 GiB sealed) — done\n"),
+            "{text}"
+        );
+        // Closed meanwhile or unreadable: the id alone; none open: none.
+        assert!(super::show_text(&t, None).contains("intent     31\n"));
+        let idle = pb::CellTablet { intent: 0, ..t };
+        assert!(super::show_text(&idle, None).contains("intent     none\n"));
     }
 }
