@@ -352,6 +352,11 @@ pub fn parse_server_file<A: clap::Args + clap::FromArgMatches>(
 /// checked by [`load`] and never get here.)
 fn explain(e: &clap::Error, argv: &[OsString]) -> Option<anyhow::Error> {
     use clap::error::{ContextKind, ContextValue, ErrorKind};
+    // Settings (flag, environment variable, config key) are the server's;
+    // another command's error (`--timeout` without `--wait`) is clap's own.
+    if !argv.iter().any(|a| a == SERVER) {
+        return None;
+    }
     let flags: Vec<String> = match e.get(ContextKind::InvalidArg)? {
         ContextValue::String(s) => vec![s.clone()],
         ContextValue::Strings(v) => v.clone(),

@@ -20,7 +20,7 @@ mod stop;
 mod switches;
 mod tuning;
 
-use clap::Subcommand;
+use clap::{CommandFactory, Subcommand};
 
 #[derive(clap::Parser)]
 #[command(
@@ -89,6 +89,8 @@ enum Command {
     Config(cmd::config::ConfigCommand),
     /// Probe a server's HTTP status listener (`/readyz`, `/healthz`): exit 0 only on 200.
     Health(cmd::health::HealthArgs),
+    /// Print a shell completion script: `source <(stele completions bash)`.
+    Completions(cmd::completions::CompletionsArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -120,6 +122,10 @@ const VERSION: &str = concat!(
 fn run() -> anyhow::Result<()> {
     stele_proto::formats::set_binary_version(VERSION.into());
     let cli: Cli = config::parse_cli()?;
+    if let Command::Completions(a) = cli.command {
+        // No runtime, logging or credentials: the script is all it prints.
+        return cmd::completions::run(a, Cli::command());
+    }
     logging::init(cli.log_format);
     security::set_cli(cli.certs_dir.as_deref(), cli.token_file.as_deref())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -144,6 +150,7 @@ fn run() -> anyhow::Result<()> {
             Command::Restore(a) => cmd::restore::run(a).await,
             Command::Config(c) => cmd::config::run(c),
             Command::Health(a) => cmd::health::run(a).await,
+            Command::Completions(_) => unreachable!("handled before the runtime starts"),
         }
     })
 }

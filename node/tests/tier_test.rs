@@ -587,7 +587,7 @@ async fn restore_rebuilds_sealed_rows_from_the_bucket() {
 
     let restored = tempfile::tempdir().unwrap();
     let tier = Tier::open(opts.clone()).expect("tier");
-    let report = stele_node::tier::restore::restore(&tier, restored.path(), 1, None)
+    let report = stele_node::tier::restore::restore(&tier, restored.path(), 1, None, &())
         .await
         .expect("restore");
     assert!(!report.tablets.is_empty());
@@ -612,7 +612,7 @@ async fn restore_rebuilds_sealed_rows_from_the_bucket() {
         }
     }
     let again = tempfile::tempdir().unwrap();
-    let err = stele_node::tier::restore::restore(&tier, &again.path().join("d"), 1, None)
+    let err = stele_node::tier::restore::restore(&tier, &again.path().join("d"), 1, None, &())
         .await
         .expect_err("a damaged object must fail the restore");
     assert!(err.to_string().contains("does not match"), "{err}");
@@ -1183,7 +1183,7 @@ async fn restore_after_a_merge_takes_the_survivors_range() {
 
     let restored = tempfile::tempdir().unwrap();
     let tier = Tier::open(opts).expect("tier");
-    let report = stele_node::tier::restore::restore(&tier, restored.path(), 1, None)
+    let report = stele_node::tier::restore::restore(&tier, restored.path(), 1, None, &())
         .await
         .expect("restore");
     assert_eq!(

@@ -18,6 +18,7 @@ use stele_client::{Client, RetryPolicy, record};
 use tokio_util::sync::CancellationToken;
 
 use super::client::{DEFAULT_ENDPOINT, now_us};
+use super::duration::parse_duration;
 
 /// `stele bench`: durable-append load against a cell, or `--fsync-probe DIR`
 /// to measure the device's 4 KiB write + fdatasync rate.
@@ -54,31 +55,6 @@ pub struct BenchArgs {
     /// before it counts as an error: `30s`, `500ms` (default 30s).
     #[arg(long, value_parser = parse_duration)]
     pub retry_budget: Option<Duration>,
-}
-
-/// Parses `10s`, `500ms`, `2m`, `1h`, `1.5s` or a bare number of seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("bad duration {s:?}: want e.g. 10s, 500ms, 2m"))?;
-    let secs = match unit.trim() {
-        "" | "s" | "sec" | "secs" => n,
-        "ms" => n / 1e3,
-        "us" | "µs" => n / 1e6,
-        "m" | "min" | "mins" => n * 60.0,
-        "h" => n * 3600.0,
-        other => {
-            return Err(format!(
-                "bad duration unit {other:?} in {s:?}: want ms, s, m or h"
-            ));
-        }
-    };
-    Duration::try_from_secs_f64(secs).map_err(|e| format!("bad duration {s:?}: {e}"))
 }
 
 /// The result of a bench run; `--json` prints exactly these fields.

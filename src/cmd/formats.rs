@@ -70,19 +70,33 @@ pub async fn show(target: &Target) -> anyhow::Result<()> {
         );
         return Ok(());
     }
+    let mut t = super::table::new(&["format", "in use"], &[1]);
     for n in &names {
-        println!("{n:<10} in use: {}", version_of(&status.formats, n));
+        t.add_row(vec![
+            n.to_string(),
+            version_of(&status.formats, n).to_string(),
+        ]);
     }
+    super::table::print(&t);
     println!();
+    let mut t = super::table::new(&["member", "id", "version", "formats", "state"], &[1]);
     for (id, st) in &controllers {
-        match st {
-            Ok(s) => println!(
-                "controller {id:<4} {:<24} {}",
-                s.controller_version,
-                describe(&s.controller_formats)
-            ),
-            Err(e) => println!("controller {id:<4} did not answer: {e}"),
-        }
+        t.add_row(match st {
+            Ok(s) => vec![
+                "controller".to_string(),
+                id.to_string(),
+                s.controller_version.clone(),
+                describe(&s.controller_formats),
+                String::new(),
+            ],
+            Err(e) => vec![
+                "controller".to_string(),
+                id.to_string(),
+                format!("did not answer: {e}"),
+                String::new(),
+                String::new(),
+            ],
+        });
     }
     for n in &nodes {
         let version = if n.version.is_empty() {
@@ -90,14 +104,15 @@ pub async fn show(target: &Target) -> anyhow::Result<()> {
         } else {
             &n.version
         };
-        println!(
-            "node {:<10} {:<24} {} [{}]",
-            n.id,
-            version,
+        t.add_row(vec![
+            "node".to_string(),
+            n.id.to_string(),
+            version.to_string(),
             describe(&n.formats),
-            n.state
-        );
+            n.state.clone(),
+        ]);
     }
+    super::table::print(&t);
     Ok(())
 }
 

@@ -1,7 +1,7 @@
 //! `stele node`: the storage nodes of a cell: list, drain, decommission,
 //! activate, restart-safe (`node/restart_safe.rs`).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Subcommand;
@@ -10,30 +10,37 @@ use stele_client::admin::Admin;
 use stele_proto::pb;
 
 use super::controllers::{Target, admin};
+use super::progress::Wait;
+use super::table;
 
 #[derive(Debug, Subcommand)]
 pub enum NodeCommand {
-    /// Every node with its state, replicas and leaders.
+    /// Every node with its state, replicas and leaders (decommissioned
+    /// nodes only with --all).
     List {
         #[command(flatten)]
         target: Target,
+        /// Decommissioned nodes too (gone for good; their ids are kept).
+        #[arg(long)]
+        all: bool,
     },
     /// Move every replica and leadership off a node (it stays a member).
     Drain {
         id: u64,
         #[command(flatten)]
         target: Target,
-        /// Wait until the node holds no replica.
-        #[arg(long)]
-        wait: bool,
+        /// --wait: until the node holds no replica and leads nothing.
+        #[command(flatten)]
+        wait: Wait,
     },
     /// Drain a node and remove it from the cell for good.
     Decommission {
         id: u64,
         #[command(flatten)]
         target: Target,
-        #[arg(long)]
-        wait: bool,
+        /// --wait: until the node holds no replica and leads nothing.
+        #[command(flatten)]
+        wait: Wait,
     },
     /// Undo a drain: the node takes replicas again.
     Activate {
@@ -66,7 +73,12 @@ fn node_json(n: &pb::NodeInfo) -> serde_json::Value {
     })
 }
 
-async fn set_state(target: &Target, id: u64, state: &str, wait: bool) -> anyhow::Result<()> {
+async fn set_state(
+    target: &Target,
+    id: u64,
+    state: &str,
+    wait: Option<&Wait>,
+) -> anyhow::Result<()> {
     let a = admin(target)?;
     let req = pb::SetNodeStateRequest {
         node: id,
@@ -80,26 +92,25 @@ async fn set_state(target: &Target, id: u64, state: &str, wait: bool) -> anyhow:
     if !target.json {
         println!("node {id}: {state}");
     }
-    if wait {
-        let started = Instant::now();
+    if let Some(w) = wait.filter(|w| w.wait) {
+        let waiting = super::progress::Waiting::new(w.timeout, target.json);
         loop {
             let nodes = list_nodes(&a).await?;
             let n = nodes.iter().find(|n| n.id == id).context("node vanished")?;
-            if !target.json {
-                eprint!(
-                    "\r  {} replicas, {} leaders left ({:.0} s)   ",
-                    n.replicas,
-                    n.leaders,
-                    started.elapsed().as_secs_f64()
-                );
-            }
             if n.replicas == 0 && n.leaders == 0 {
-                if !target.json {
-                    eprintln!();
-                }
+                waiting.shown.finish();
                 break;
             }
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            let how_far = format!("{} replicas, {} leaders left", n.replicas, n.leaders);
+            waiting.shown.set(&format!("node {id} {state}: {how_far}"));
+            waiting
+                .next(
+                    Duration::from_millis(500),
+                    &format!("node {id} to hold nothing"),
+                    &how_far,
+                    &format!("node {id} stays {state} and its replicas keep moving off in the cell (`stele node list` shows how far)"),
+                )
+                .await?;
         }
     }
     if target.json {
@@ -111,46 +122,68 @@ async fn set_state(target: &Target, id: u64, state: &str, wait: bool) -> anyhow:
     Ok(())
 }
 
+/// `node list` for people.
+fn print_nodes(nodes: &[&pb::NodeInfo]) {
+    let mut t = table::new(
+        &[
+            "node",
+            "state",
+            "zone",
+            "rack",
+            "replicas",
+            "leaders",
+            "hb age ms",
+            "version",
+            "endpoint",
+        ],
+        &[0, 4, 5, 6],
+    );
+    for n in nodes {
+        t.add_row(vec![
+            n.id.to_string(),
+            n.state.clone(),
+            n.zone.clone(),
+            n.rack.clone(),
+            n.replicas.to_string(),
+            n.leaders.to_string(),
+            n.heartbeat_age_ms.to_string(),
+            if n.version.is_empty() {
+                "?".into()
+            } else {
+                n.version.clone()
+            },
+            n.client_endpoint.clone(),
+        ]);
+    }
+    table::print(&t);
+}
+
 pub async fn run(cmd: NodeCommand) -> anyhow::Result<()> {
     match cmd {
-        NodeCommand::List { target } => {
+        NodeCommand::List { target, all } => {
             let nodes = list_nodes(&admin(&target)?).await?;
+            // Decommissioned is gone for good: shown only when asked for.
+            let shown: Vec<&pb::NodeInfo> = nodes
+                .iter()
+                .filter(|n| all || n.state != "decommissioned")
+                .collect();
             if target.json {
                 println!(
                     "{}",
-                    serde_json::Value::Array(nodes.iter().map(node_json).collect())
+                    serde_json::Value::Array(shown.iter().map(|n| node_json(n)).collect())
                 );
             } else {
-                println!(
-                    "{:>5}  {:<14} {:<8} {:<8} {:>8} {:>8} {:>9}  {:<22} endpoint",
-                    "node", "state", "zone", "rack", "replicas", "leaders", "hb age ms", "version"
-                );
-                for n in &nodes {
-                    println!(
-                        "{:>5}  {:<14} {:<8} {:<8} {:>8} {:>8} {:>9}  {:<22} {}",
-                        n.id,
-                        n.state,
-                        n.zone,
-                        n.rack,
-                        n.replicas,
-                        n.leaders,
-                        n.heartbeat_age_ms,
-                        if n.version.is_empty() {
-                            "?"
-                        } else {
-                            &n.version
-                        },
-                        n.client_endpoint
-                    );
-                }
+                print_nodes(&shown);
             }
             Ok(())
         }
-        NodeCommand::Drain { id, target, wait } => set_state(&target, id, "draining", wait).await,
-        NodeCommand::Decommission { id, target, wait } => {
-            set_state(&target, id, "decommissioned", wait).await
+        NodeCommand::Drain { id, target, wait } => {
+            set_state(&target, id, "draining", Some(&wait)).await
         }
-        NodeCommand::Activate { id, target } => set_state(&target, id, "active", false).await,
+        NodeCommand::Decommission { id, target, wait } => {
+            set_state(&target, id, "decommissioned", Some(&wait)).await
+        }
+        NodeCommand::Activate { id, target } => set_state(&target, id, "active", None).await,
         NodeCommand::RestartSafe(args) => restart_safe::run(args).await,
     }
 }

@@ -131,15 +131,15 @@ pub async fn run(cmd: NsCommand) -> anyhow::Result<()> {
                     serde_json::Value::Array(resp.namespaces.iter().map(ns_json).collect())
                 );
             } else {
-                println!("{:<40} {:<16} {:>12}", "namespace", "cell", "retention s");
+                let mut t = super::table::new(&["namespace", "cell", "retention s"], &[2]);
                 for n in &resp.namespaces {
-                    println!(
-                        "{:<40} {:<16} {:>12}",
-                        n.name,
-                        n.cell,
-                        n.policy.unwrap_or_default().retention_s
-                    );
+                    t.add_row(vec![
+                        n.name.clone(),
+                        n.cell.clone(),
+                        n.policy.unwrap_or_default().retention_s.to_string(),
+                    ]);
                 }
+                super::table::print(&t);
                 println!("(generation {})", resp.generation);
             }
             Ok(())

@@ -88,22 +88,22 @@ pub async fn run(cmd: CellRegistryCommand) -> anyhow::Result<()> {
                     serde_json::Value::Array(resp.cells.iter().map(cell_json).collect())
                 );
             } else {
-                println!(
-                    "{:<16} {:<8} {:>10}  {:<24} controllers",
-                    "cell", "status", "namespaces", "labels"
+                let mut t = super::table::new(
+                    &["cell", "status", "namespaces", "labels", "controllers"],
+                    &[2],
                 );
                 for c in &resp.cells {
                     let labels: Vec<String> =
                         c.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                    println!(
-                        "{:<16} {:<8} {:>10}  {:<24} {}",
-                        c.id,
-                        c.status,
-                        c.namespaces,
+                    t.add_row(vec![
+                        c.id.clone(),
+                        c.status.clone(),
+                        c.namespaces.to_string(),
                         labels.join(","),
-                        c.controllers.join(",")
-                    );
+                        c.controllers.join(","),
+                    ]);
                 }
+                super::table::print(&t);
             }
             Ok(())
         }

@@ -50,9 +50,16 @@ pub async fn run(a: RestoreArgs) -> anyhow::Result<()> {
             .as_deref()
             .is_some_and(|e| e.starts_with("http://127.") || e.starts_with("http://localhost"));
     let tier = stele_node::tier::Tier::open(o).with_context(|| format!("object store {from}"))?;
-    let report = stele_node::tier::restore::restore(&tier, &data_dir, a.node_id, a.tablet)
-        .await
-        .with_context(|| format!("restore cell {cell} from {from}"))?;
+    let progress = super::progress::Progress::bytes(&format!("restoring cell {cell}"), false);
+    let report =
+        stele_node::tier::restore::restore(&tier, &data_dir, a.node_id, a.tablet, &progress)
+            .await
+            .with_context(|| format!("restore cell {cell} from {from}"));
+    match &report {
+        Ok(_) => progress.finish(),
+        Err(_) => progress.abandon(),
+    }
+    let report = report?;
     for (tablet, generation, segments, rows, checkpoint) in &report.tablets {
         println!(
             "tablet {tablet}: manifest {generation}, {segments} segments, {rows} rows, checkpoint {checkpoint}"

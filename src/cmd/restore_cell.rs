@@ -211,8 +211,15 @@ async fn restore_cell(a: RestoreCellArgs) -> anyhow::Result<()> {
         .copied()
         .collect();
     let log_index = restored.backup.log_index;
-    let (controllers_ref, plans_ref, tier_ref, manifests_ref, state_ref) =
-        (&controllers, &plans, &tier, &manifests, &state);
+    let progress = super::progress::Progress::bytes(&format!("restoring cell {}", a.cell), false);
+    progress.set_total(
+        plans
+            .values()
+            .map(|p| stele_node::tier::restore_cell::bytes_to_fetch(p, &manifests))
+            .sum(),
+    );
+    let (controllers_ref, plans_ref, tier_ref, manifests_ref, state_ref, progress_ref) =
+        (&controllers, &plans, &tier, &manifests, &state, &progress);
     let lines = staged(&a.out, |stage| async move {
         let mut lines = Vec::new();
         for (id, ep) in controllers_ref {
@@ -227,6 +234,7 @@ async fn restore_cell(a: RestoreCellArgs) -> anyhow::Result<()> {
                 &dir,
                 replicas,
                 manifests_ref,
+                progress_ref,
             )
             .await
             .with_context(|| format!("node {node}"))?;
@@ -252,7 +260,12 @@ async fn restore_cell(a: RestoreCellArgs) -> anyhow::Result<()> {
         Ok(lines)
     })
     .await
-    .with_context(|| format!("restore cell {} into {}", a.cell, a.out.display()))?;
+    .with_context(|| format!("restore cell {} into {}", a.cell, a.out.display()));
+    match &lines {
+        Ok(_) => progress.finish(),
+        Err(_) => progress.abandon(),
+    }
+    let lines = lines?;
     let b = &restored.backup;
     println!(
         "cell {}: controller state of log index {} (term {}, written by controller {} at {} ms since the epoch): {} tablets, {} nodes",

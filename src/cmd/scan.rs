@@ -118,29 +118,11 @@ pub fn format_table(rows: &[Row]) -> String {
             ]
         })
         .collect();
-    let header = ["TS", "KEY", "VALUE", "POSITION"].map(String::from);
-    let mut widths = header.clone().map(|h| h.len());
-    for row in &cells {
-        for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.chars().count());
-        }
+    let mut t = super::table::new(&["TS", "KEY", "VALUE", "POSITION"], &[0]);
+    for row in cells {
+        t.add_row(row.to_vec());
     }
-    let mut out = String::new();
-    for row in std::iter::once(&header).chain(&cells) {
-        let line = format!(
-            "{:<w0$}  {:<w1$}  {:<w2$}  {}",
-            row[0],
-            row[1],
-            row[2],
-            row[3],
-            w0 = widths[0],
-            w1 = widths[1],
-            w2 = widths[2]
-        );
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
+    super::table::render(&t)
 }
 
 pub async fn run(args: ScanArgs) -> anyhow::Result<()> {
@@ -188,11 +170,12 @@ mod tests {
             },
         ];
         let table = format_table(&rows);
-        let want = "\
-TS     KEY         VALUE  POSITION
-5      k1          hello  1:2:3
-12345  longer-key  \u{fffd}\\n    -
-";
+        let want = concat!(
+            "   TS  KEY         VALUE  POSITION\n",
+            "----------------------------------\n",
+            "    5  k1          hello  1:2:3\n",
+            "12345  longer-key  \u{fffd}\\n    -\n",
+        );
         assert_eq!(table, want);
         let j = row_json(&rows[0]);
         assert_eq!(

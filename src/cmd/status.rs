@@ -75,23 +75,26 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
         );
         writeln!(out, "{}", serde_json::Value::Object(obj))?;
     } else {
-        writeln!(out, "{:<30} {}", "version", s.version)?;
+        let mut t = super::table::pairs();
+        t.add_row(vec!["version".to_string(), s.version.clone()]);
         for (k, v) in numbers {
-            writeln!(out, "{k:<30} {v}")?;
+            t.add_row(vec![k.to_string(), v.to_string()]);
         }
         if !s.journal_stopped.is_empty() {
-            writeln!(out, "{:<30} {}", "journal_stopped", s.journal_stopped)?;
+            t.add_row(vec!["journal_stopped".into(), s.journal_stopped.clone()]);
         }
         if !s.tls_serial.is_empty() {
-            writeln!(out, "{:<30} {}", "tls_serial", s.tls_serial)?;
-            writeln!(
-                out,
-                "{:<30} {} ({})",
-                "tls_not_after_unix",
-                s.tls_not_after_unix,
-                expires_in(s.tls_not_after_unix)
-            )?;
+            t.add_row(vec!["tls_serial".into(), s.tls_serial.clone()]);
+            t.add_row(vec![
+                "tls_not_after_unix".into(),
+                format!(
+                    "{} ({})",
+                    s.tls_not_after_unix,
+                    expires_in(s.tls_not_after_unix)
+                ),
+            ]);
         }
+        write!(out, "{}", super::table::render(&t))?;
     }
     Ok(())
 }

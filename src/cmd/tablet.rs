@@ -10,6 +10,8 @@ use stele_proto::pb;
 
 use super::controllers::{Target, admin};
 use super::intent::{intent_json, report_intent};
+use super::progress::Wait;
+use super::table;
 
 #[derive(Debug, Subcommand)]
 pub enum TabletCommand {
@@ -18,6 +20,8 @@ pub enum TabletCommand {
         #[command(flatten)]
         target: Target,
     },
+    /// One tablet: range, generation, leader, replicas, open intent, and
+    /// the last split or merge that changed it with its reason.
     Show {
         id: u64,
         #[command(flatten)]
@@ -35,8 +39,9 @@ pub enum TabletCommand {
         expect_generation: u64,
         #[command(flatten)]
         target: Target,
-        #[arg(long)]
-        wait: bool,
+        /// --wait: until the intent is done or failed.
+        #[command(flatten)]
+        wait: Wait,
     },
     /// Split a tablet in two on the same nodes: it keeps `[lo, at)`, a new
     /// tablet takes `[at, hi)`. Writes pause briefly; nothing is lost or
@@ -54,8 +59,9 @@ pub enum TabletCommand {
         expect_generation: u64,
         #[command(flatten)]
         target: Target,
-        #[arg(long)]
-        wait: bool,
+        /// --wait: until the intent is done or failed.
+        #[command(flatten)]
+        wait: Wait,
     },
     /// Merge two adjacent tablets into one: the one with the larger id
     /// absorbs the other. The absorbed tablet's replicas first move onto
@@ -75,8 +81,9 @@ pub enum TabletCommand {
         expect_generation_b: u64,
         #[command(flatten)]
         target: Target,
-        #[arg(long)]
-        wait: bool,
+        /// --wait: until the intent is done or failed.
+        #[command(flatten)]
+        wait: Wait,
     },
     /// Hand a tablet's leadership to its voter on another node.
     TransferLeader {
@@ -85,8 +92,9 @@ pub enum TabletCommand {
         to: u64,
         #[command(flatten)]
         target: Target,
-        #[arg(long)]
-        wait: bool,
+        /// --wait: until the intent is done or failed.
+        #[command(flatten)]
+        wait: Wait,
     },
 }
 
@@ -108,6 +116,32 @@ fn tablet_json(t: &pb::CellTablet) -> serde_json::Value {
     })
 }
 
+/// `tablet show` for people: range, generation, leader, the open intent
+/// (`open`, when it could be read), replicas, and the last split or merge
+/// with its reason (an intent's kind reads `split (REASON)`).
+fn show_text(t: &pb::CellTablet, open: Option<&pb::Intent>) -> String {
+    let mut out = format!(
+        "tablet {} [{}, {})\ngeneration {}\nleader     node {}\n",
+        t.id, t.vshard_lo, t.vshard_hi, t.generation, t.leader_node
+    );
+    let intent = match open {
+        _ if t.intent == 0 => "none".to_string(),
+        Some(i) if i.id == t.intent => format!("{}: {} — {}", i.id, i.kind, i.state),
+        _ => t.intent.to_string(),
+    };
+    out += &format!("intent     {intent}\n");
+    for r in &t.replicas {
+        out += &format!(
+            "replica    {} on node {} ({})\n",
+            r.replica_id, r.node, r.role
+        );
+    }
+    if let Some(i) = &t.last_change {
+        out += &format!("changed    by intent {}: {} — {}\n", i.id, i.kind, i.state);
+    }
+    out
+}
+
 pub async fn run(cmd: TabletCommand) -> anyhow::Result<()> {
     match cmd {
         TabletCommand::List { target } => {
@@ -118,9 +152,17 @@ pub async fn run(cmd: TabletCommand) -> anyhow::Result<()> {
                     serde_json::Value::Array(tablets.iter().map(tablet_json).collect())
                 );
             } else {
-                println!(
-                    "{:>6}  {:>10} {:>10} {:>5} {:>6} {:>6}  voters",
-                    "tablet", "vshard lo", "vshard hi", "gen", "leader", "intent"
+                let mut tab = table::new(
+                    &[
+                        "tablet",
+                        "vshard lo",
+                        "vshard hi",
+                        "gen",
+                        "leader",
+                        "intent",
+                        "voters",
+                    ],
+                    &[0, 1, 2, 3, 4, 5],
                 );
                 for t in &tablets {
                     let voters: Vec<String> = t
@@ -134,46 +176,40 @@ pub async fn run(cmd: TabletCommand) -> anyhow::Result<()> {
                             }
                         })
                         .collect();
-                    println!(
-                        "{:>6}  {:>10} {:>10} {:>5} {:>6} {:>6}  {}",
-                        t.id,
-                        t.vshard_lo,
-                        t.vshard_hi,
-                        t.generation,
-                        t.leader_node,
-                        t.intent,
-                        voters.join(",")
-                    );
+                    tab.add_row(vec![
+                        t.id.to_string(),
+                        t.vshard_lo.to_string(),
+                        t.vshard_hi.to_string(),
+                        t.generation.to_string(),
+                        t.leader_node.to_string(),
+                        t.intent.to_string(),
+                        voters.join(","),
+                    ]);
                 }
+                table::print(&tab);
             }
             Ok(())
         }
         TabletCommand::Show { id, target } => {
-            let tablets = list_tablets(&admin(&target)?, Some(id)).await?;
+            let a = admin(&target)?;
+            let tablets = list_tablets(&a, Some(id)).await?;
             let t = tablets.first().context("no such tablet")?;
             if target.json {
                 println!("{}", tablet_json(t));
             } else {
-                println!("tablet {} [{}, {})", t.id, t.vshard_lo, t.vshard_hi);
-                println!("generation {}", t.generation);
-                println!("leader     node {}", t.leader_node);
-                println!(
-                    "intent     {}",
-                    if t.intent == 0 {
-                        "none".into()
-                    } else {
-                        t.intent.to_string()
-                    }
-                );
-                for r in &t.replicas {
-                    println!(
-                        "replica    {} on node {} ({})",
-                        r.replica_id, r.node, r.role
-                    );
-                }
-                if let Some(i) = &t.last_change {
-                    println!("changed    by intent {}: {} — {}", i.id, i.kind, i.state);
-                }
+                // The open intent's kind, reason and state; its id alone
+                // if it closed (or cannot be read) meanwhile.
+                let open =
+                    match t.intent {
+                        0 => None,
+                        i => a
+                            .call(|mut c| async move {
+                                c.get_intent(pb::GetIntentRequest { id: i }).await
+                            })
+                            .await
+                            .ok(),
+                    };
+                print!("{}", show_text(t, open.as_ref()));
             }
             Ok(())
         }
@@ -195,7 +231,7 @@ pub async fn run(cmd: TabletCommand) -> anyhow::Result<()> {
             let i = a
                 .call(|mut c| async move { c.move_tablet(req).await })
                 .await?;
-            report_intent(&a, i, wait, target.json).await
+            report_intent(&a, i, &wait, target.json).await
         }
         TabletCommand::Split {
             id,
@@ -235,7 +271,7 @@ pub async fn run(cmd: TabletCommand) -> anyhow::Result<()> {
                 }
                 return Ok(());
             }
-            report_intent(&a, i, wait, target.json).await
+            report_intent(&a, i, &wait, target.json).await
         }
         TabletCommand::Merge {
             a: ta,
@@ -276,7 +312,7 @@ pub async fn run(cmd: TabletCommand) -> anyhow::Result<()> {
                 }
                 return Ok(());
             }
-            report_intent(&a, i, wait, target.json).await
+            report_intent(&a, i, &wait, target.json).await
         }
         TabletCommand::TransferLeader {
             id,
@@ -289,7 +325,46 @@ pub async fn run(cmd: TabletCommand) -> anyhow::Result<()> {
             let i = a
                 .call(|mut c| async move { c.transfer_leader(req).await })
                 .await?;
-            report_intent(&a, i, wait, target.json).await
+            report_intent(&a, i, &wait, target.json).await
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use stele_proto::pb;
+
+    #[test]
+    fn show_names_the_open_intent_and_the_last_change_with_their_reasons() {
+        let split = |id: u64, reason: &str, state: &str| pb::Intent {
+            id,
+            kind: format!("split ({reason})"),
+            reason: reason.into(),
+            state: state.into(),
+            ..Default::default()
+        };
+        let t = pb::CellTablet {
+            id: 12,
+            vshard_lo: 0,
+            vshard_hi: 100,
+            generation: 3,
+            leader_node: 2,
+            intent: 31,
+            last_change: Some(split(30, "auto: 1.2 GiB sealed", "done")),
+            ..Default::default()
+        };
+        let text = super::show_text(&t, Some(&split(31, "operator", "pending")));
+        assert!(
+            text.contains("intent     31: split (operator) — pending\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("changed    by intent 30: split (auto: 1.2 GiB sealed) — done\n"),
+            "{text}"
+        );
+        // Closed meanwhile or unreadable: the id alone; none open: none.
+        assert!(super::show_text(&t, None).contains("intent     31\n"));
+        let idle = pb::CellTablet { intent: 0, ..t };
+        assert!(super::show_text(&idle, None).contains("intent     none\n"));
     }
 }

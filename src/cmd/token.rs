@@ -26,8 +26,8 @@ pub enum TokenCommand {
         #[arg(long, value_delimiter = ',', required = true)]
         rights: Vec<String>,
         /// How long it lives (`30d`, `12h`, `90m`; at most ten years).
-        #[arg(long, default_value = "30d")]
-        expires: humantime::Duration,
+        #[arg(long, value_name = "DURATION", default_value = "30d", value_parser = super::duration::parse_duration)]
+        expires: Duration,
         /// Who it is for, as `stele token list` shows it.
         #[arg(long, default_value = "client")]
         name: String,
@@ -66,20 +66,23 @@ fn info_json(i: &pb::TokenInfo) -> serde_json::Value {
     })
 }
 
-fn print_info(i: &pb::TokenInfo) {
-    let revoked = if i.revoked_at == 0 {
-        String::new()
-    } else {
-        format!("  revoked {}", when(i.revoked_at))
-    };
-    println!(
-        "{}  {:<16} {:<12} {:<24} expires {}{revoked}",
-        i.id,
-        i.name,
-        i.rights.join(","),
-        i.namespaces.join(","),
-        when(i.expires_at)
+/// Tokens as a table: id, name, rights, namespaces, expiry, revocation.
+fn print_infos(infos: &[pb::TokenInfo]) {
+    let mut t = super::table::new(
+        &["id", "name", "rights", "namespaces", "expires", "revoked"],
+        &[],
     );
+    for i in infos {
+        t.add_row(vec![
+            i.id.clone(),
+            i.name.clone(),
+            i.rights.join(","),
+            i.namespaces.join(","),
+            when(i.expires_at),
+            when(i.revoked_at),
+        ]);
+    }
+    super::table::print(&t);
 }
 
 pub async fn run(cmd: TokenCommand) -> anyhow::Result<()> {
@@ -95,7 +98,7 @@ pub async fn run(cmd: TokenCommand) -> anyhow::Result<()> {
                 name,
                 namespaces,
                 rights,
-                ttl_s: Duration::from(expires).as_secs(),
+                ttl_s: expires.as_secs(),
             };
             let resp = admin(&target)?
                 .call(|mut c| {
@@ -132,7 +135,7 @@ pub async fn run(cmd: TokenCommand) -> anyhow::Result<()> {
             if target.json {
                 println!("{}", info_json(&info));
             } else {
-                print_info(&info);
+                print_infos(std::slice::from_ref(&info));
             }
             Ok(())
         }
@@ -144,9 +147,7 @@ pub async fn run(cmd: TokenCommand) -> anyhow::Result<()> {
                 let all: Vec<_> = resp.tokens.iter().map(info_json).collect();
                 println!("{}", json!(all));
             } else {
-                for i in &resp.tokens {
-                    print_info(i);
-                }
+                print_infos(&resp.tokens);
             }
             Ok(())
         }

@@ -499,3 +499,70 @@ fn dev_hands_s3_keys_to_its_nodes_by_environment_only() {
         );
     }
 }
+
+/// `stele completions SHELL` prints a script a shell takes; duration flags
+/// are humantime's and a bad `--timeout` is refused by clap, naming it,
+/// before anything is called.
+#[test]
+fn completions_and_bad_timeouts() {
+    let dir = tempfile::tempdir().unwrap();
+    for (shell, mark) in [
+        ("bash", "_stele"),
+        ("zsh", "#compdef stele"),
+        ("fish", "complete -c stele"),
+    ] {
+        let (ok, script, err) = stele_tests::run_plain(&["completions", shell]);
+        assert!(ok, "{shell}: {err}");
+        assert!(script.contains(mark), "{shell}: {script}");
+        for sub in [
+            "restart-safe",
+            "transfer-leader",
+            "decommission",
+            "completions",
+        ] {
+            assert!(script.contains(sub), "{shell} script without {sub}");
+        }
+    }
+    let (_, script, _) = stele_tests::run_plain(&["completions", "bash"]);
+    let file = write(dir.path(), "stele.bash", &script);
+    let sourced = Command::new("bash")
+        .arg("-c")
+        .arg(format!("source {} && complete -p stele", file.display()))
+        .output()
+        .expect("bash");
+    assert!(
+        sourced.status.success() && String::from_utf8_lossy(&sourced.stdout).contains("_stele"),
+        "bash: {}",
+        stderr(&sourced)
+    );
+    let (ok, _, err) = stele_tests::run_plain(&["completions", "tcsh"]);
+    assert!(
+        !ok && err.contains("tcsh") && err.contains("bash, zsh, fish"),
+        "{err}"
+    );
+
+    // Nothing listens at this address: a refusal here comes from clap.
+    let nowhere = ["--controllers", "http://127.0.0.1:1"];
+    for (timeout, why) in [
+        ("0", "more than zero"),
+        ("0s", "more than zero"),
+        ("garbage", "not a duration"),
+        ("10x", "not a duration"),
+    ] {
+        let mut a = vec!["tablet", "split", "1", "--wait", "--timeout", timeout];
+        a.extend(nowhere);
+        let (ok, _, err) = stele_tests::run_plain(&a);
+        assert!(!ok, "--timeout {timeout} accepted");
+        assert!(
+            err.contains("--timeout") && err.contains(why),
+            "{timeout}: {err}"
+        );
+    }
+    let mut a = vec!["node", "drain", "7", "--timeout", "5s"];
+    a.extend(nowhere);
+    let (ok, _, err) = stele_tests::run_plain(&a);
+    assert!(
+        !ok && err.contains("--wait"),
+        "--timeout without --wait: {err}"
+    );
+}

@@ -485,3 +485,113 @@ async fn operator_commands_under_load_and_bad_input_refused() {
     let acked = writer.stop_and_check(&client).await;
     assert!(acked > 100, "only {acked} appends acknowledged");
 }
+
+/// Runs an operator command for people (no `--json`): (ok, stdout, stderr).
+fn for_people(cell: &ControlledCell, args: &[&str]) -> (bool, String, String) {
+    let ctl = cell.controllers_arg();
+    let mut a = args.to_vec();
+    a.extend(["--controllers", &ctl]);
+    stele_tests::run(&a)
+}
+
+/// The operator CLI for people (docs/OPERATIONS.md "The command line"):
+/// `node list` is a table (a header, a rule, aligned columns); a
+/// decommissioned node is gone from it (still there with `--all`);
+/// `--wait --timeout` that runs out exits nonzero naming what it waited
+/// for and how far it got, while the split goes on in the cell; a wait
+/// into a pipe shows plain lines, not a redrawn bar.
+#[test]
+fn cli_tables_decommissioned_nodes_and_wait_timeouts() {
+    let cell = ControlledCell::new(1, 4);
+    let (_controllers, _nodes) = cell.start(1);
+
+    let (ok, out, err) = for_people(&cell, &["node", "list"]);
+    assert!(ok, "{out}{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2 + 4, "a header, a rule, four nodes:\n{out}");
+    assert!(
+        lines[0]
+            .split_whitespace()
+            .take(3)
+            .eq(["node", "state", "zone"]),
+        "{out}"
+    );
+    assert!(lines[1].chars().all(|c| c == '-'), "{out}");
+    let state_at = lines[0].find("state").unwrap();
+    for l in &lines[2..] {
+        assert!(l.get(state_at..).unwrap_or("").starts_with("up "), "{out}");
+    }
+
+    // Decommission the node without a replica (one tablet, three voters).
+    let empty = cell
+        .node_list()
+        .into_iter()
+        .find(|n| n["replicas"] == 0)
+        .expect("a node without a replica");
+    let empty = empty["id"].as_u64().unwrap();
+    let n: serde_json::Value = cell.json(&[
+        "node",
+        "decommission",
+        &empty.to_string(),
+        "--wait",
+        "--timeout",
+        "30s",
+    ]);
+    assert_eq!(n["state"], "decommissioned", "{n}");
+    let listed = cell.node_list();
+    assert_eq!(listed.len(), 3, "{listed:?}");
+    assert!(!listed.iter().any(|n| n["id"] == empty), "{listed:?}");
+    let all: Vec<serde_json::Value> = cell.json(&["node", "list", "--all"]);
+    assert!(
+        all.iter()
+            .any(|n| n["id"] == empty && n["state"] == "decommissioned"),
+        "{all:?}"
+    );
+    let (ok, out, _) = for_people(&cell, &["node", "list"]);
+    assert!(ok && !out.contains("decommissioned"), "{out}");
+    let (ok, out, _) = for_people(&cell, &["node", "list", "--all"]);
+    assert!(ok && out.contains("decommissioned"), "{out}");
+
+    // A split cannot finish in a millisecond: the wait gives up, the split
+    // does not. (A leader-balance transfer may hold the tablet: retry.)
+    let id = cell.tablets()[0]["id"].as_u64().unwrap().to_string();
+    let started = Instant::now();
+    let err = loop {
+        let (ok, out, err) = for_people(
+            &cell,
+            &["tablet", "split", &id, "--wait", "--timeout", "1ms"],
+        );
+        assert!(!ok, "a split finished within 1ms: {out}");
+        if !err.contains("in progress") {
+            break err;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "{err}");
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    for want in [
+        "gave up waiting for intent",
+        "split",
+        "(--timeout 1ms)",
+        "still ",
+        "goes on in the cell",
+    ] {
+        assert!(err.contains(want), "{want:?} not in: {err}");
+    }
+    let intent = err
+        .split("waiting for intent ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .expect("the intent's id")
+        .to_string();
+    let (ok, out, err) = for_people(
+        &cell,
+        &["intent", "show", &intent, "--wait", "--timeout", "60s"],
+    );
+    assert!(ok && out.contains("done"), "{out}{err}");
+    assert!(!err.contains('\r'), "a redrawn bar in a pipe: {err:?}");
+    assert_eq!(
+        cell.tablets().len(),
+        2,
+        "the split went on after the timeout"
+    );
+}

@@ -97,7 +97,16 @@ async fn restore_brings_back_every_acknowledged_record_of_a_cell() {
         "1",
     ]);
     assert!(ok, "restore: {out}{err}");
-    eprintln!("{out}");
+    eprintln!("{out}{err}");
+    // Progress on stderr, as plain lines into a pipe: what there is to
+    // fetch, then what was fetched.
+    for want in ["restoring cell rcell: ", " to fetch", " fetched, done"] {
+        assert!(
+            err.contains(want),
+            "restore progress without {want:?}: {err}"
+        );
+    }
+    assert!(!err.contains('\r'), "a redrawn bar in a pipe: {err:?}");
     // Refused: a cell the bucket does not hold, and a data directory that
     // is not empty (the one just restored is left as it was).
     let other = cell.dir.path().join("other");

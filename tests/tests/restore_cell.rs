@@ -262,6 +262,13 @@ async fn a_whole_cell_comes_back_from_the_bucket() {
     let (ok, stdout, err) = restore_cell(&url, CELL, &restored, &ctl_arg);
     assert!(ok, "restore cell: {stdout}{err}");
     eprintln!("{stdout}{err}");
+    // Progress on stderr, plain lines into a pipe.
+    for want in ["restoring cell rc: ", " to fetch", " fetched, done"] {
+        assert!(
+            err.contains(want),
+            "restore progress without {want:?}: {err}"
+        );
+    }
     for c in 1..=3 {
         std::fs::rename(
             restored.join(format!("controller-{c}")),

@@ -27,6 +27,17 @@ pub struct Report {
     pub bytes: u64,
 }
 
+/// Told how a restore goes, for a progress display (`stele restore`'s
+/// bar); `()` ignores it. Called from the restoring task, between fetches.
+pub trait Progress: Sync {
+    /// The bytes of every segment this restore fetches, once they are known.
+    fn planned(&self, _bytes: u64) {}
+    /// One segment of `bytes` fetched, checked and written.
+    fn fetched(&self, _bytes: u64) {}
+}
+
+impl Progress for () {}
+
 /// Tablet ids with objects under the cell.
 pub(crate) async fn tablet_ids(tier: &Tier) -> Result<Vec<u64>> {
     let dir = tier
@@ -52,6 +63,7 @@ pub async fn restore(
     data_dir: &Path,
     node_id: u64,
     only: Option<u64>,
+    progress: &dyn Progress,
 ) -> Result<Report> {
     let catalog_path = data_dir.join("catalog.redb");
     if catalog_path.exists() {
@@ -95,6 +107,13 @@ pub async fn restore(
     } else {
         manifests
     };
+    progress.planned(
+        manifests
+            .iter()
+            .flat_map(|m| &m.segments)
+            .map(|s| s.bytes)
+            .sum(),
+    );
     std::fs::create_dir_all(data_dir).map_err(|e| Error::Io {
         context: format!("create {}", data_dir.display()),
         source: e,
@@ -109,7 +128,9 @@ pub async fn restore(
         })?;
         let mut rows = 0;
         for seg in &m.segments {
-            report.bytes += fetch_segment(tier, m.tablet, seg, &dir).await?;
+            let bytes = fetch_segment(tier, m.tablet, seg, &dir).await?;
+            progress.fetched(bytes);
+            report.bytes += bytes;
             rows += seg.rows;
         }
         let replica = crate::raft::router::replica_id(m.tablet, node_id);

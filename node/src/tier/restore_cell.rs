@@ -16,7 +16,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::manifest::{self, Manifest};
-use super::restore::{fetch_segment, tablet_ids};
+use super::restore::{Progress, fetch_segment, tablet_ids};
 use super::{Error, Result, Tier, keys};
 use crate::catalog::{Catalog, ReceiptRow, TabletRecord};
 
@@ -64,13 +64,26 @@ pub async fn latest_manifests(tier: &Tier) -> Result<BTreeMap<u64, Manifest>> {
     Ok(out)
 }
 
+/// The bytes [`restore_node`] fetches for `plans`: the segments of each
+/// planned replica's latest manifest.
+pub fn bytes_to_fetch(plans: &[ReplicaPlan], manifests: &BTreeMap<u64, Manifest>) -> u64 {
+    plans
+        .iter()
+        .filter_map(|p| manifests.get(&p.tablet))
+        .flat_map(|m| &m.segments)
+        .map(|s| s.bytes)
+        .sum()
+}
+
 /// Rebuilds `plans` (one node's replicas) into `data_dir`, which must not
-/// hold a catalog yet, from `manifests` ([`latest_manifests`]).
+/// hold a catalog yet, from `manifests` ([`latest_manifests`]). Each fetched
+/// segment is reported to `progress` (its total is [`bytes_to_fetch`]).
 pub async fn restore_node(
     tier: &Arc<Tier>,
     data_dir: &Path,
     plans: &[ReplicaPlan],
     manifests: &BTreeMap<u64, Manifest>,
+    progress: &dyn Progress,
 ) -> Result<NodeReport> {
     let catalog_path = data_dir.join("catalog.redb");
     if catalog_path.exists() {
@@ -104,7 +117,9 @@ pub async fn restore_node(
         })?;
         let mut rows = 0;
         for seg in &segments {
-            report.bytes += fetch_segment(tier, p.tablet, seg, &dir).await?;
+            let bytes = fetch_segment(tier, p.tablet, seg, &dir).await?;
+            progress.fetched(bytes);
+            report.bytes += bytes;
             rows += seg.rows;
         }
         let (applied_state, purged) = crate::raft::restored_group_state(&p.voters, checkpoint);

@@ -1,31 +1,10 @@
-//! `stele bench` and its duration parser, against the client's in-memory fake node.
+//! `stele bench`, against the client's in-memory fake node.
 
 use std::time::Duration;
 
 use stele_client::fake::{FakeNode, Fault};
 
 use super::*;
-
-#[test]
-fn durations() {
-    let ms = Duration::from_millis;
-    let cases = [
-        ("10s", Some(ms(10_000))),
-        ("500ms", Some(ms(500))),
-        ("2m", Some(ms(120_000))),
-        ("1h", Some(ms(3_600_000))),
-        ("1.5s", Some(ms(1500))),
-        ("7", Some(ms(7000))),
-        (" 3s ", Some(ms(3000))),
-        ("", None),
-        ("s", None),
-        ("10x", None),
-        ("-1s", None),
-    ];
-    for (input, want) in cases {
-        assert_eq!(parse_duration(input).ok(), want, "{input:?}");
-    }
-}
 
 #[test]
 fn bench_json_has_exactly_the_documented_fields() {

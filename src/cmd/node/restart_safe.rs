@@ -4,14 +4,15 @@
 //! leader balancing from handing any back for `--hold`. With `--wait` the
 //! command asks again until N leads nothing, then says it is safe.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::Args;
 use serde_json::json;
 use stele_proto::pb;
 
-use super::super::bench::parse_duration;
 use super::super::controllers::{Target, admin};
+use super::super::duration::{parse_duration, parse_timeout};
+use super::super::progress::Waiting;
 
 #[derive(Debug, Args)]
 pub struct RestartSafeArgs {
@@ -22,12 +23,14 @@ pub struct RestartSafeArgs {
     /// Wait until the node leads nothing.
     #[arg(long)]
     pub wait: bool,
-    /// With --wait: give up (exit nonzero) after this long.
-    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    /// With --wait: give up after this long and exit nonzero (the
+    /// transfers started go on in the cell).
+    #[arg(long, value_name = "DURATION", default_value = "60s",
+          value_parser = parse_timeout, requires = "wait")]
     pub timeout: Duration,
     /// How long leader balancing gives the node no leadership, so it can
     /// be stopped and started again.
-    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub hold: Duration,
 }
 
@@ -37,7 +40,7 @@ pub async fn run(args: RestartSafeArgs) -> anyhow::Result<()> {
         node: args.id,
         hold_ms: args.hold.as_millis().max(1) as u64,
     };
-    let started = Instant::now();
+    let waiting = Waiting::new(args.timeout, args.target.json || !args.wait);
     let mut transfers = 0usize;
     loop {
         let r = a
@@ -53,7 +56,9 @@ pub async fn run(args: RestartSafeArgs) -> anyhow::Result<()> {
             }
         }
         let safe = r.leading.is_empty();
-        if safe || !args.wait || started.elapsed() >= args.timeout {
+        let out_of_time = waiting.elapsed() >= args.timeout;
+        if safe || !args.wait || out_of_time {
+            waiting.shown.finish();
             if args.target.json {
                 println!(
                     "{}",
@@ -77,15 +82,31 @@ pub async fn run(args: RestartSafeArgs) -> anyhow::Result<()> {
                     }
                 );
             }
-            anyhow::ensure!(
-                safe || !args.wait,
-                "node {} still leads {} tablet(s) after {:?}",
-                args.id,
-                r.leading.len(),
-                args.timeout
-            );
-            return Ok(());
+            if safe || !args.wait {
+                return Ok(());
+            }
         }
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        let how_far = format!(
+            "still leads {} tablet(s) {:?}{}",
+            r.leading.len(),
+            r.leading,
+            if r.waiting.is_empty() {
+                String::new()
+            } else {
+                format!(" (waiting: {})", r.waiting.join("; "))
+            }
+        );
+        waiting.shown.set(&format!("node {}: {how_far}", args.id));
+        waiting
+            .next(
+                Duration::from_millis(300),
+                &format!("node {} to lead nothing", args.id),
+                &how_far,
+                &format!(
+                    "the leader transfers started go on in the cell and leader balancing keeps leaderships off node {} for --hold",
+                    args.id
+                ),
+            )
+            .await?;
     }
 }
