@@ -10,7 +10,7 @@
 //! whatever the rate. `take` swaps every counter to zero; a call recorded
 //! while it runs lands in this window or the next, never in both. The p99
 //! is the top of the bucket the 99th percentile falls in: an upper bound
-//! within about 41% (two buckets per power of two).
+//! at most 50% above the true value (two buckets per power of two).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};

@@ -66,6 +66,12 @@ function chart(points, key, horizon, label) {
       if (i === 0) g.moveTo(x, y); else g.lineTo(x, y);
     });
     g.stroke();
+    if (points.length === 1) {
+      // One point is no line: a dot.
+      const p = points[0];
+      g.fillStyle = g.strokeStyle;
+      g.fillRect(w - (p.age_s / horizon) * w - 2, h - pad - (p[key] / max) * (h - 2 * pad) - 2, 4, 4);
+    }
     g.fillStyle = "#66707a";
     g.font = "10px sans-serif";
     g.fillText("max " + max.toFixed(max < 10 ? 2 : 0), 3, 10);
