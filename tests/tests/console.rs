@@ -105,7 +105,10 @@ async fn the_console_serves_its_page_and_the_cells_view() {
     let c = &view["controller"];
     assert_eq!(c["leading"], true);
     assert_eq!(c["lease_ms"], 10_000);
-    assert!(view["directory"].is_null(), "no directory in a one-cell dev");
+    assert!(
+        view["directory"].is_null(),
+        "no directory in a one-cell dev"
+    );
     for t in c["tablets"].as_array().unwrap() {
         assert_eq!(t["voters"].as_array().unwrap().len(), 3, "{t}");
         assert_eq!(t["health"], "ok", "{t}");
