@@ -3,7 +3,7 @@
 //!
 //! - Without a browser: the page, its assets and `/api/console` as served
 //!   (security headers, the view's nodes and tablets), and no route that
-//!   changes anything.
+//!   changes anything; the directory's namespaces by cell (`--cells 2`).
 //! - In a real browser: `tests/browser/console.py` (headless Debian
 //!   Chromium driven by Playwright from PyPI) reads the DOM: three nodes
 //!   and every tablet, a node killed with SIGKILL marked dead within the
@@ -120,6 +120,80 @@ async fn the_console_serves_its_page_and_the_cells_view() {
             assert!(status.contains("405"), "{method} {path}: {status}");
         }
     }
+    proc.terminate();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_directory_console_shows_namespaces_by_cell() {
+    let dir = tempfile::tempdir().unwrap();
+    let listen = format!("127.0.0.1:{}", stele_tests::free_port_base(3));
+    let d = dir.path().to_str().unwrap();
+    let args = [
+        "dev",
+        "--cells",
+        "2",
+        "--data-dir",
+        d,
+        "--listen",
+        &listen,
+        "--tablets",
+        "2",
+        "--election-timeout-ms",
+        "1000",
+    ];
+    let proc = Proc::start(&args, &[]).unwrap();
+    for cell in ["c1", "c2"] {
+        let want = format!("stele dev: cell {cell} console at http://127.0.0.1:");
+        assert!(
+            proc.started.iter().any(|l| l.contains(&want)),
+            "no console of {cell}: {:?}",
+            proc.started
+        );
+    }
+    let line = proc
+        .started
+        .iter()
+        .find(|l| l.contains("stele dev: console (namespaces by cell) at "))
+        .unwrap_or_else(|| panic!("no directory console: {:?}", proc.started));
+    let port: u16 = line
+        .rsplit("127.0.0.1:")
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .parse()
+        .unwrap();
+    let directory = format!("http://{listen}");
+    let (ok, out, err) = stele_tests::run(&[
+        "append",
+        "--directory",
+        &directory,
+        "--namespace",
+        "console/dir",
+        "--key",
+        "k",
+        "--value",
+        "v",
+    ]);
+    assert!(ok, "{out}{err}");
+    let (status, _, body) = http(port, "GET", "/api/console");
+    assert!(status.contains("200"), "{status}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(v["controller"].is_null(), "the directory runs alone: {v}");
+    let cells = v["directory"]["cells"].as_array().expect("cells");
+    let ids: Vec<&str> = cells.iter().map(|c| c["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["c1", "c2"], "{v}");
+    let holders: Vec<&str> = cells
+        .iter()
+        .filter(|c| {
+            c["namespaces"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|n| n == "console/dir")
+        })
+        .map(|c| c["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(holders.len(), 1, "one cell holds the namespace: {v}");
     proc.terminate();
 }
 
