@@ -136,10 +136,11 @@ pub struct IntentView {
     pub age_s: Option<f64>,
 }
 
-/// The view of controller `c` at `now` (the state, then the health view:
-/// the order every reader takes them in).
+/// The view of controller `c` at `now`: a copy of the state (the apply
+/// loop is not held up while the view is built), then the health view
+/// (held while it is built, as a scheduler pass holds it).
 pub fn current(c: &Controller, now: Instant) -> CellView {
-    let s = c.quorum.state();
+    let s = c.snapshot();
     let who = Answerer {
         controller_id: c.opts.id,
         leading: c.quorum.is_leader(),
