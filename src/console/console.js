@@ -210,7 +210,8 @@ async function refresh() {
       const notice = document.getElementById("notice");
       notice.hidden = false;
       notice.textContent = "This process runs neither a controller nor a directory member: " +
-        "the cell's console is on the HTTP status listener of its controller.";
+        "the cell's console is on the HTTP status listener of its controller " +
+        "(a single-node stele dev has none: stele dev --nodes 3 runs a cell with one).";
     }
     polls++;
     status.textContent = "live";
