@@ -29,6 +29,42 @@ start_moto() {
   echo "== moto on $STELE_TEST_S3_ENDPOINT (pid $MOTO_PID)"
 }
 
+# The console's browser test (tests/tests/console.rs driving
+# tests/browser/console.py): Debian's chromium, installed with apt-get when
+# missing and root (log: target/browser-install.log), and a venv
+# target/browser-venv with Playwright from PyPI at a pinned version (log:
+# target/browser-venv.log). `playwright install` is never run: its browser
+# download is not reachable here; the script drives /usr/bin/chromium.
+# Returns non-zero, saying what is missing, when either is still missing.
+PLAYWRIGHT_VERSION=1.63.0
+ensure_browser() {
+  local venv=target/browser-venv
+  mkdir -p target
+  if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "== installing chromium (Debian package) for the console's browser test"
+    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } \
+      >target/browser-install.log 2>&1 \
+      || echo "   (could not install chromium; see target/browser-install.log)"
+  fi
+  local have
+  have=$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("playwright"))' 2>/dev/null || true)
+  if [ "$have" != "$PLAYWRIGHT_VERSION" ]; then
+    echo "== installing playwright $PLAYWRIGHT_VERSION into $venv (PyPI; no browser download)"
+    { python3 -m venv "$venv" && "$venv/bin/pip" install --quiet "playwright==$PLAYWRIGHT_VERSION"; } \
+      >target/browser-venv.log 2>&1 \
+      || echo "   (could not install playwright; see target/browser-venv.log)"
+  fi
+  if [ ! -x /usr/bin/chromium ]; then
+    echo "no /usr/bin/chromium (Debian's chromium package)"
+    return 1
+  fi
+  if ! "$venv/bin/python" -c 'import playwright.sync_api' >/dev/null 2>&1; then
+    echo "no playwright in $venv"
+    return 1
+  fi
+  echo "browser: $(/usr/bin/chromium --version 2>/dev/null | head -1), playwright $PLAYWRIGHT_VERSION"
+}
+
 # The jepsen runs put each node in its own network namespace and makes
 # partitions and packet loss with nftables where it can (root, iproute2,
 # nftables); without them it falls back to loopback and the transport peer

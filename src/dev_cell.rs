@@ -317,6 +317,17 @@ pub async fn run(
                 Some((label, line)) => {
                     if let Some(url) = line.split("HTTP status (/metrics, /healthz, /readyz) at ").nth(1) {
                         say(format_args!("stele dev: {label} HTTP status at {url} (/metrics, /healthz, /readyz)"));
+                        // The controller's process (node 1 of a cell) and
+                        // the directory serve the console at `/`.
+                        if label == "directory" {
+                            say(format_args!("stele dev: console (namespaces by cell) at {url}/"));
+                        } else if let Some(cell) = label.strip_suffix("node 1") {
+                            let cell = match cell.trim() {
+                                "" => "cell",
+                                c => c,
+                            };
+                            say(format_args!("stele dev: {cell} console at {url}/"));
+                        }
                         continue;
                     }
                     let Some(rest) = line.split("listening on ").nth(1) else {

@@ -5,8 +5,8 @@
 //! Kubernetes probes and `stele health` read them. gRPC health on the
 //! client port follows the same readiness ([`Health::serving`]). Also
 //! `/metrics`: every metric of the process in the Prometheus text format
-//! (`crate::metrics`; docs/OPERATIONS.md "Metrics"). A small axum router,
-//! so a console can join it later.
+//! (`crate::metrics`; docs/OPERATIONS.md "Metrics"). And the read-only web
+//! console at `/` (`crate::console`; docs/OPERATIONS.md "Console").
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -204,7 +204,8 @@ pub async fn spawn(addr: &HostPort) -> anyhow::Result<std::net::SocketAddr> {
         .route(
             "/readyz",
             axum::routing::get(|| async { health().readiness() }),
-        );
+        )
+        .merge(crate::console::router());
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "HTTP status listener stopped");

@@ -10,6 +10,7 @@
 mod addresses;
 mod cmd;
 mod config;
+mod console;
 mod dev_cell;
 mod http;
 mod logging;

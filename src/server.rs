@@ -91,6 +91,7 @@ pub async fn run_server(
             let c = start_controller(co, &advertised).await?;
             let observed = c.clone();
             crate::metrics::on_scrape(move || stele_controller::metrics::observe(&observed));
+            crate::console::show_controller(c.clone());
             let (api, quorum) = c.services();
             names.push(service_name(&api));
             routes = routes.add_service(api).add_service(quorum);
@@ -337,6 +338,7 @@ pub async fn run_directory(
         .context("start directory")?;
     let observed = d.clone();
     crate::metrics::on_scrape(move || stele_directory::metrics::observe(&observed));
+    crate::console::show_directory(d.clone());
     let (api, quorum) = d.services();
     let names = vec![service_name(&api)];
     let routes = tonic::service::Routes::default()

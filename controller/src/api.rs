@@ -32,11 +32,18 @@ impl Api {
         let caller = stele_tls::Caller::of(&request);
         let req = request.into_inner();
         let token_epoch = req.token_epoch;
+        let load = req.load;
         let reg = crate::error::checked_registration(&caller, req.node)?;
         c.require_leader()?;
         crate::formats::admit(c, &reg)?;
-        c.health()
-            .heartbeat(reg.id, req.replicas, Instant::now(), c.opts.split.window);
+        let now = Instant::now();
+        {
+            let mut h = c.health();
+            h.heartbeat(reg.id, req.replicas, now, c.opts.split.window);
+            if let Some(load) = &load {
+                h.record_load(reg.id, load, now);
+            }
+        }
         let rec = NodeRec {
             id: reg.id,
             client_endpoint: reg.client_endpoint,

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use stele_proto::pb;
 
 use crate::autosplit::{LoadSample, TabletLoad};
+use crate::load::LoadRing;
 use crate::placement::{NodeInfo, NodeState, TabletInfo};
 use crate::state::{Admin, CellState, MergePhase, NodeRec, node_of};
 
@@ -41,6 +42,9 @@ pub struct HealthView {
     /// Each node's binary version and the newest version of each gated
     /// format it reads and writes, from its latest heartbeat.
     pub builds: HashMap<u64, Build>,
+    /// Each node's recent load (the console's charts), bounded per node
+    /// ([`crate::load`]) and kept only for nodes the state names.
+    pub node_loads: HashMap<u64, LoadRing>,
 }
 
 /// What a member runs: its binary version and the newest version of each
@@ -118,6 +122,27 @@ impl HealthView {
         self.dead_since.remove(&node);
     }
 
+    /// Records the load a heartbeat of `node` reported at `now`.
+    pub fn record_load(&mut self, node: u64, load: &pb::NodeLoad, now: Instant) {
+        self.node_loads.entry(node).or_default().push(load, now);
+    }
+
+    /// A node's state as operators see it at `now`: `decommissioned`,
+    /// `dead` (declared, or silent past its lease), `draining`, `suspect`
+    /// (silent for more than half the lease), `up`. The metrics' gauge and
+    /// the console name states this way.
+    pub fn status(&self, n: &NodeRec, now: Instant, lease: Duration) -> &'static str {
+        let silent = self.seen.get(&n.id).map(|t| now.duration_since(*t));
+        match (n.admin, n.dead) {
+            (Admin::Decommissioned, _) => "decommissioned",
+            (_, true) => "dead",
+            _ if self.lease_expired(n, now, lease) || self.dead_since.contains_key(&n.id) => "dead",
+            (Admin::Draining, _) => "draining",
+            _ if silent.is_none_or(|d| d > lease / 2) => "suspect",
+            _ => "up",
+        }
+    }
+
     /// `now` on the load samples' clock; `start` sets its zero if unset.
     fn load_clock(&mut self, now: Instant, start: bool) -> Duration {
         if start {
@@ -157,6 +182,7 @@ impl HealthView {
                 self.dead_since.insert(n.id, now);
             }
         }
+        self.node_loads.retain(|id, _| s.nodes.contains_key(id));
         for n in s.nodes.values() {
             if self.lease_expired(n, now, lease) {
                 self.dead_since.insert(n.id, now);

@@ -18,14 +18,19 @@
 //! - [`tokens`]: namespace tokens: signing keys, issue, revoke, what
 //!   nodes verify with.
 //! - [`orders`]: what a heartbeat answer orders a node to do.
+//! - [`load`]: each node's recent load (bounded rings) for the console.
+//! - [`console`]: the console's view of the cell, a pure function of the
+//!   state and the health view.
 
 pub mod api;
 pub mod autosplit;
 pub mod backup;
+pub mod console;
 mod driver;
 pub mod error;
 pub mod formats;
 pub mod health;
+pub mod load;
 pub mod metrics;
 pub mod orders;
 pub mod placement;

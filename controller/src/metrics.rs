@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use ::metrics::{gauge, histogram};
 
 use crate::server::Controller;
-use crate::state::{Admin, CellState, IntentKind, IntentState};
+use crate::state::{CellState, IntentKind, IntentState};
 
 /// Node states as the gauge names them.
 pub const NODE_STATES: [&str; 5] = ["up", "suspect", "dead", "draining", "decommissioned"];
@@ -94,15 +94,7 @@ fn observe_health(c: &Controller, s: &CellState, leading: bool) {
         let h = c.health();
         let lease = c.opts.lease;
         for n in s.nodes.values() {
-            let silent = h.seen.get(&n.id).map(|t| now.duration_since(*t));
-            let state = match (n.admin, n.dead) {
-                (Admin::Decommissioned, _) => "decommissioned",
-                (_, true) => "dead",
-                _ if h.lease_expired(n, now, lease) || h.dead_since.contains_key(&n.id) => "dead",
-                (Admin::Draining, _) => "draining",
-                _ if silent.is_none_or(|d| d > lease / 2) => "suspect",
-                _ => "up",
-            };
+            let state = h.status(n, now, lease);
             if state == "up" {
                 up.insert(n.id);
             }

@@ -5,6 +5,7 @@
 //! because a namespace never changes cell.
 
 pub mod backup;
+pub mod console;
 pub mod metrics;
 pub mod server;
 pub mod state;

@@ -63,12 +63,15 @@ pub struct AgentHandles {
     pub endpoints: Arc<Endpoints>,
     /// The cell's token keys, as heartbeat answers bring them.
     pub tokens: Arc<stele_tls::token::Keyring>,
+    /// The node's data calls since the last heartbeat, reported in it.
+    pub load: Arc<crate::load::LoadMeter>,
 }
 
 pub struct Agent {
     replicas: ReplicaSet,
     endpoints: Arc<Endpoints>,
     tokens: Arc<stele_tls::token::Keyring>,
+    load: Arc<crate::load::LoadMeter>,
     opts: AgentOptions,
     /// The controllers, leader followed; `None` when none are configured
     /// or their endpoints are unusable (then no heartbeat is sent).
@@ -91,11 +94,13 @@ impl Agent {
             replicas,
             endpoints,
             tokens,
+            load,
         } = node.into();
         Agent {
             replicas,
             endpoints,
             tokens,
+            load,
             controllers: controllers(&opts.controllers, opts.tls.clone()),
             opts,
             set_peer,
@@ -185,6 +190,7 @@ impl Agent {
             }),
             replicas,
             token_epoch: self.tokens.epoch(),
+            load: Some(self.load.take()),
         }
     }
 

@@ -16,6 +16,7 @@ pub mod fsutil;
 #[doc(hidden)]
 pub mod fuzz_api;
 pub mod journal;
+pub mod load;
 pub mod metrics;
 pub mod node;
 pub mod ownership;

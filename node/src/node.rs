@@ -195,6 +195,8 @@ pub struct Node {
     pub catalog: Catalog,
     pub stats: Arc<NodeStats>,
     pub pacer_stats: Arc<PacerStats>,
+    /// Data calls and Append latency since the last heartbeat (the console).
+    pub load: Arc<crate::load::LoadMeter>,
     replicas: ReplicaSet,
     endpoints: Arc<Endpoints>,
     /// The cell's token keys (from the controller's heartbeat answers).
@@ -397,6 +399,7 @@ impl Node {
             catalog,
             stats,
             pacer_stats,
+            load: Default::default(),
             replicas,
             endpoints,
             tokens: Default::default(),
@@ -450,6 +453,7 @@ impl Node {
             tokens: self.tokens.clone(),
             stats: self.stats.clone(),
             pacer_stats: self.pacer_stats.clone(),
+            load: self.load.clone(),
         })
     }
 
@@ -573,6 +577,7 @@ impl From<Arc<Node>> for AgentHandles {
             replicas: node.replicas.clone(),
             endpoints: node.endpoints.clone(),
             tokens: node.tokens.clone(),
+            load: node.load.clone(),
         }
     }
 }

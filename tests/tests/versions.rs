@@ -32,6 +32,7 @@ fn old_heartbeat(controller: &str, node: u64) -> Result<pb::HeartbeatResponse, t
             }),
             replicas: Vec::new(),
             token_epoch: None,
+            load: None,
         })
         .await
         .map(|r| r.into_inner())

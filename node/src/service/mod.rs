@@ -603,6 +603,9 @@ impl Data for DataService {
         let bytes = bytes.sum();
         let r = DataService::append(self, req).await;
         crate::metrics::record_append(started.elapsed(), r.is_ok(), records, bytes);
+        if r.is_ok() {
+            self.node.load.record_append(started.elapsed(), records);
+        }
         Ok(Response::new(r?))
     }
 
@@ -614,6 +617,9 @@ impl Data for DataService {
         let started = std::time::Instant::now();
         let r = DataService::get(self, req).await;
         crate::metrics::record_read(crate::metrics::ReadKind::Get, started.elapsed(), r.is_ok());
+        if r.is_ok() {
+            self.node.load.record_read();
+        }
         Ok(Response::new(r?))
     }
 
@@ -632,6 +638,9 @@ impl Data for DataService {
             started.elapsed(),
             r.is_ok(),
         );
+        if r.is_ok() {
+            self.node.load.record_read();
+        }
         Ok(Response::new(r?))
     }
 
@@ -646,6 +655,9 @@ impl Data for DataService {
         let started = std::time::Instant::now();
         let r = DataService::scan(self, req).await;
         crate::metrics::record_read(crate::metrics::ReadKind::Scan, started.elapsed(), r.is_ok());
+        if r.is_ok() {
+            self.node.load.record_read();
+        }
         Ok(Response::new(r?))
     }
 

@@ -88,6 +88,8 @@ pub struct DataParts {
     pub tokens: Arc<stele_tls::token::Keyring>,
     pub stats: Arc<NodeStats>,
     pub pacer_stats: Arc<PacerStats>,
+    /// What the agent reports as the node's load (the console's charts).
+    pub load: Arc<crate::load::LoadMeter>,
 }
 
 impl DataParts {
