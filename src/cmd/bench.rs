@@ -1,5 +1,6 @@
-//! `stele bench`: durable-append load against a cell, or with
-//! `--fsync-probe DIR` the device's raw 4 KiB write + fdatasync rate. The
+//! `stele bench`: durable-append load against a cell (or reads, or both:
+//! `--workload`, in `workload`), or with `--fsync-probe DIR` the device's
+//! raw 4 KiB write + fdatasync rate. The
 //! work is in functions that return data (`bench`, `fsync_probe`), the
 //! printing in `run`. With `--verify` every acknowledged record is read
 //! back after the load (`verify`). SIGTERM or SIGINT ends the load early;
@@ -17,6 +18,7 @@ use serde::Serialize;
 use stele_client::{Client, RetryPolicy, record};
 use tokio_util::sync::CancellationToken;
 
+use self::workload::{ReadConsistency, Workload};
 use super::client::{DEFAULT_ENDPOINT, now_us};
 use super::duration::parse_duration;
 
@@ -55,13 +57,29 @@ pub struct BenchArgs {
     /// before it counts as an error: `30s`, `500ms` (default 30s).
     #[arg(long, value_parser = parse_duration)]
     pub retry_budget: Option<Duration>,
+    /// What each request does: `append`, `get` or `scan-key` of a key
+    /// written before the load, or `mixed` (half appends, half gets).
+    #[arg(long, value_enum, default_value = "append")]
+    pub workload: Workload,
+    /// Reads: `linearizable` (the leader, after a read index) or `bounded`
+    /// (any replica at most --max-staleness behind).
+    #[arg(long, value_enum, default_value = "linearizable")]
+    pub consistency: ReadConsistency,
+    /// Bounded reads: the oldest acceptable data (default 1s).
+    #[arg(long, value_parser = parse_duration)]
+    pub max_staleness: Option<Duration>,
+    /// Reads: how many records are written before the load for them to
+    /// look up (`--record-bytes` each).
+    #[arg(long, default_value_t = 10_000)]
+    pub keys: usize,
 }
 
 /// The result of a bench run; `--json` prints exactly these fields.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct BenchReport {
+    /// Records acknowledged (appends) plus rows returned (reads) per second.
     pub records_per_s: f64,
-    /// Record bytes (key + value) acknowledged per second, in 10^6 bytes.
+    /// Record bytes (key + value) acknowledged or read per second, in 10^6 bytes.
     pub mb_per_s: f64,
     pub requests_per_s: f64,
     pub p50_ms: f64,
@@ -76,13 +94,33 @@ pub struct BenchReport {
     pub record_bytes: usize,
     pub batch_records: usize,
     pub duration_s: f64,
-    /// The longest time without any acknowledgement during the load.
+    /// The longest time without any acknowledgement (or read answer)
+    /// during the load.
     pub max_stall_ms: f64,
     /// The load was ended early by SIGTERM or SIGINT.
     pub interrupted: bool,
     /// The read-back, with `--verify`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verify: Option<verify::VerifyReport>,
+    /// The reads, for a workload that reads.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reads: Option<ReadReport>,
+}
+
+/// The reads of a `--workload` that reads. Their rows count in the
+/// report's `records_per_s`; their latencies in its quantiles and here.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReadReport {
+    pub workload: Workload,
+    pub consistency: ReadConsistency,
+    pub reads_per_s: f64,
+    /// Reads that answered.
+    pub reads: u64,
+    /// Reads that answered without the preloaded row: must be 0.
+    pub misses: u64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: f64,
 }
 
 impl BenchReport {
@@ -117,11 +155,35 @@ impl BenchReport {
             .verify
             .as_ref()
             .map_or(String::new(), |v| format!("\n{}", v.human()))
+            + &self.reads.as_ref().map_or(String::new(), |r| {
+                format!(
+                    "\nreads ({:?}, {:?}): {:.0}/s, p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms, {} reads, {} without their row",
+                    r.workload, r.consistency, r.reads_per_s, r.p50_ms, r.p99_ms, r.p999_ms, r.reads, r.misses
+                )
+            })
+    }
+}
+
+fn new_hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds")
+}
+
+fn quantile_ms(h: &Histogram<u64>, q: f64) -> f64 {
+    if h.is_empty() {
+        0.0
+    } else {
+        h.value_at_quantile(q) as f64 / 1000.0
     }
 }
 
 struct WorkerResult {
     hist: Histogram<u64>,
+    /// Latencies of the reads alone.
+    read_hist: Histogram<u64>,
+    reads: u64,
+    /// Rows the reads returned.
+    rows: u64,
+    misses: u64,
     records: u64,
     requests: u64,
     errors: u64,
@@ -160,6 +222,16 @@ pub async fn bench_until(
     anyhow::ensure!(args.concurrency > 0, "--concurrency must be at least 1");
     anyhow::ensure!(args.batch_records > 0, "--batch-records must be at least 1");
     anyhow::ensure!(args.namespaces > 0, "--namespaces must be at least 1");
+    anyhow::ensure!(
+        !args.workload.reads() || args.keys > 0,
+        "--keys must be at least 1 for a workload that reads"
+    );
+    let max_staleness = args.max_staleness.unwrap_or(Duration::from_secs(1));
+    anyhow::ensure!(
+        !max_staleness.is_zero(),
+        "--max-staleness must be more than zero"
+    );
+    let read_options = args.consistency.options(max_staleness);
     let mut opts = crate::security::cli_options()?;
     if let Some(budget) = args.retry_budget {
         anyhow::ensure!(!budget.is_zero(), "--retry-budget must be positive");
@@ -174,6 +246,19 @@ pub async fn bench_until(
             .map(|i| format!("bench/ns{i}"))
             .collect(),
     );
+    let keys = if args.workload.reads() {
+        workload::preload(
+            &client,
+            &namespaces,
+            &run_prefix(run),
+            args.keys,
+            args.record_bytes,
+        )
+        .await?;
+        args.keys
+    } else {
+        0
+    };
     let fsyncs_before = fsyncs(&client).await;
     let started = Instant::now();
     let deadline = started + duration;
@@ -186,10 +271,15 @@ pub async fn bench_until(
         let stop = stop.clone();
         let (record_bytes, batch_records, keep) =
             (args.record_bytes, args.batch_records, args.verify);
+        let (kind, read) = (args.workload, read_options);
         workers.spawn(async move {
             let mut rng = rand::rngs::StdRng::from_os_rng();
             let mut out = WorkerResult {
-                hist: Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds"),
+                hist: new_hist(),
+                read_hist: new_hist(),
+                reads: 0,
+                rows: 0,
+                misses: 0,
                 records: 0,
                 requests: 0,
                 errors: 0,
@@ -199,6 +289,42 @@ pub async fn bench_until(
             };
             let mut seq = 0u64;
             while Instant::now() < deadline && !stop.is_cancelled() {
+                let reading = match kind {
+                    Workload::Append => false,
+                    Workload::Get | Workload::ScanKey => true,
+                    Workload::Mixed => rng.random_bool(0.5),
+                };
+                if reading {
+                    let (ns, key) = workload::preloaded(
+                        &namespaces,
+                        &run_prefix(run),
+                        rng.random_range(0..keys),
+                    );
+                    let t = Instant::now();
+                    let result =
+                        workload::read_one(&client, kind, &namespaces[ns], &key, read).await;
+                    out.requests += 1;
+                    match result {
+                        Ok(rows) => {
+                            let us = t.elapsed().as_micros().max(1) as u64;
+                            out.hist.saturating_record(us);
+                            out.read_hist.saturating_record(us);
+                            out.acks.push(started.elapsed());
+                            out.reads += 1;
+                            out.rows += rows;
+                            out.misses += u64::from(rows == 0);
+                        }
+                        Err(e) => {
+                            if !first_error.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                                eprintln!(
+                                    "warning: read failed (further errors are only counted): {e}"
+                                );
+                            }
+                            out.errors += 1;
+                        }
+                    }
+                    continue;
+                }
                 let ns = &namespaces[rng.random_range(0..namespaces.len())];
                 let ts = now_us();
                 let first_seq = seq;
@@ -237,12 +363,15 @@ pub async fn bench_until(
             out
         });
     }
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3)?;
+    let (mut hist, mut read_hist) = (new_hist(), new_hist());
+    let (mut reads, mut rows, mut misses) = (0u64, 0u64, 0u64);
     let (mut records, mut requests, mut errors) = (0u64, 0u64, 0u64);
     let (mut acks, mut acked) = (Vec::new(), Vec::new());
     while let Some(res) = workers.join_next().await {
         let w = res.context("bench worker panicked")?;
         hist.add(&w.hist)?;
+        read_hist.add(&w.read_hist)?;
+        (reads, rows, misses) = (reads + w.reads, rows + w.rows, misses + w.misses);
         records += w.records;
         requests += w.requests;
         errors += w.errors;
@@ -269,16 +398,20 @@ pub async fn bench_until(
     } else {
         None
     };
-    let ms = |q: f64| {
-        if hist.is_empty() {
-            0.0
-        } else {
-            hist.value_at_quantile(q) as f64 / 1000.0
-        }
-    };
+    let ms = |q: f64| quantile_ms(&hist, q);
+    let read_report = args.workload.reads().then(|| ReadReport {
+        workload: args.workload,
+        consistency: args.consistency,
+        reads_per_s: reads as f64 / elapsed,
+        reads,
+        misses,
+        p50_ms: quantile_ms(&read_hist, 0.5),
+        p99_ms: quantile_ms(&read_hist, 0.99),
+        p999_ms: quantile_ms(&read_hist, 0.999),
+    });
     Ok(BenchReport {
-        records_per_s: records as f64 / elapsed,
-        mb_per_s: (records as f64 * args.record_bytes as f64) / elapsed / 1e6,
+        records_per_s: (records + rows) as f64 / elapsed,
+        mb_per_s: ((records + rows) as f64 * args.record_bytes as f64) / elapsed / 1e6,
         requests_per_s: requests as f64 / elapsed,
         p50_ms: ms(0.5),
         p99_ms: ms(0.99),
@@ -298,6 +431,7 @@ pub async fn bench_until(
         max_stall_ms: max_stall.as_secs_f64() * 1000.0,
         interrupted: stop.is_cancelled(),
         verify,
+        reads: read_report,
     })
 }
 
@@ -414,3 +548,4 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests;
 mod verify;
+mod workload;

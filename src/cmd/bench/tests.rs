@@ -26,6 +26,7 @@ fn bench_json_has_exactly_the_documented_fields() {
         max_stall_ms: 1.0,
         interrupted: false,
         verify: None,
+        reads: None,
     };
     let v = serde_json::to_value(&report).unwrap();
     let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
@@ -88,6 +89,10 @@ fn bench_args(endpoint: &str) -> BenchArgs {
         fsync_probe: None,
         verify: false,
         retry_budget: None,
+        workload: Workload::Append,
+        consistency: ReadConsistency::Linearizable,
+        max_staleness: None,
+        keys: 100,
     }
 }
 
@@ -195,4 +200,73 @@ async fn a_stop_ends_the_load_early_and_still_verifies() {
     assert!(started.elapsed() < Duration::from_secs(30));
     assert!(report.interrupted);
     assert!(report.verify.unwrap().ok());
+}
+
+/// Each reading workload preloads its keys, then every read finds its
+/// row; `mixed` also appends. The reads' figures are in the report.
+#[tokio::test]
+async fn read_workloads_find_every_preloaded_key() {
+    for (workload, consistency) in [
+        (Workload::Get, ReadConsistency::Linearizable),
+        (Workload::ScanKey, ReadConsistency::Bounded),
+        (Workload::Mixed, ReadConsistency::Linearizable),
+    ] {
+        let node = FakeNode::one_tablet();
+        let endpoint = node.serve().await.unwrap();
+        let mut args = bench_args(&endpoint);
+        (args.workload, args.consistency) = (workload, consistency);
+        let report = bench(&args, Duration::from_millis(300)).await.unwrap();
+        let r = report.reads.clone().expect("a read report");
+        assert_eq!(r.workload, workload);
+        assert!(r.reads > 0, "{report:?}");
+        assert_eq!(r.misses, 0, "{report:?}");
+        assert_eq!(report.errors, 0, "{report:?}");
+        assert!(r.p50_ms > 0.0 && r.p50_ms <= r.p999_ms);
+        let rows = node.lock().rows.len() as u64;
+        assert_eq!(
+            rows,
+            100 + report.records_acked,
+            "preloaded keys and appends"
+        );
+        if workload == Workload::Mixed {
+            assert!(report.records_acked > 0, "{report:?}");
+        } else {
+            assert_eq!(report.records_acked, 0);
+            assert!((report.records_per_s - r.reads_per_s).abs() < 1e-6);
+        }
+        let json = serde_json::to_value(&report).unwrap();
+        assert!(json["reads"]["misses"].is_u64(), "{json}");
+    }
+}
+
+/// A read of a key that was never written counts as a miss, not a row.
+#[tokio::test]
+async fn a_read_without_its_row_is_a_miss() {
+    let node = FakeNode::one_tablet();
+    let endpoint = node.serve().await.unwrap();
+    let client = stele_client::Client::connect(&endpoint, Default::default())
+        .await
+        .unwrap();
+    let read = ReadConsistency::Linearizable.options(Duration::from_secs(1));
+    for kind in [Workload::Get, Workload::ScanKey] {
+        let rows = workload::read_one(&client, kind, "bench/ns0", "absent", read)
+            .await
+            .unwrap();
+        assert_eq!(rows, 0);
+    }
+}
+
+#[tokio::test]
+async fn reading_workloads_refuse_zero_keys_and_zero_staleness() {
+    let node = FakeNode::one_tablet();
+    let endpoint = node.serve().await.unwrap();
+    let mut args = bench_args(&endpoint);
+    args.workload = Workload::Get;
+    args.keys = 0;
+    let e = bench(&args, Duration::from_millis(50)).await.unwrap_err();
+    assert!(e.to_string().contains("--keys"), "{e}");
+    args.keys = 10;
+    args.max_staleness = Some(Duration::ZERO);
+    let e = bench(&args, Duration::from_millis(50)).await.unwrap_err();
+    assert!(e.to_string().contains("--max-staleness"), "{e}");
 }
