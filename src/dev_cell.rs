@@ -225,7 +225,9 @@ pub async fn run(
     };
     let exe = std::env::current_exe().context("locate the stele binary")?;
     let mut children: Vec<(String, Child)> = Vec::new();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();
+    // Each child's stdout lines, then `None` when it closes (the process
+    // is exiting).
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, Option<String>)>();
     // Children take every setting as a flag: a STELE_* variable of the
     // parent's environment must not override one (flags win, but a setting
     // `dev` leaves at its default would not).
@@ -247,10 +249,11 @@ pub async fn run(
         let l = label.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send((l.clone(), line)).is_err() {
-                    break;
+                if tx.send((l.clone(), Some(line))).is_err() {
+                    return;
                 }
             }
+            let _ = tx.send((l, None));
         });
         children.push((label, child));
         Ok(())
@@ -308,13 +311,26 @@ pub async fn run(
     let total = children.len();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut up = 0;
+    let mut ready = false;
     let replication = if nodes >= 3 { 3 } else { 1 };
     let result = loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break Ok(()),
             _ = term.recv() => break Ok(()),
             line = rx.recv() => match line {
-                Some((label, line)) => {
+                Some((label, None)) => {
+                    // A process that exits before the cell is ready (a port
+                    // in use, a bad data directory) ends the start; later a
+                    // node may be stopped or killed on purpose (tests, a
+                    // person trying failover) and the others go on.
+                    if !ready {
+                        break Err(anyhow::anyhow!(
+                            "{label} exited while the cell was starting; see its messages above"
+                        ));
+                    }
+                    say(format_args!("stele dev: {label} exited"));
+                }
+                Some((label, Some(line))) => {
                     if let Some(url) = line.split("HTTP status (/metrics, /healthz, /readyz) at ").nth(1) {
                         say(format_args!("stele dev: {label} HTTP status at {url} (/metrics, /healthz, /readyz)"));
                         // The controller's process (node 1 of a cell) and
@@ -365,6 +381,7 @@ pub async fn run(
                     if let Some(e) = failed {
                         break Err(e);
                     }
+                    ready = true;
                     match &directory {
                         Some(dir) => match init_directory(dir, &registered).await {
                             Ok(()) => say(format_args!(

@@ -290,3 +290,43 @@ async fn dev_cells_2_runs_a_directory_and_two_cells() {
         assert!(free, "port {port} still in use after stele dev stopped");
     }
 }
+
+/// A node that cannot start (its port is taken) ends `stele dev` with an
+/// error naming it, instead of a cell that waits forever for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_stops_with_an_error_when_a_node_cannot_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = stele_tests::free_port_base(3);
+    let _taken = TcpListener::bind(("127.0.0.1", base + 2)).unwrap();
+    let mut child = tokio::process::Command::new(stele_tests::stele_bin())
+        .args(["dev", "--nodes", "3", "--tablets", "2"])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(["--listen", &format!("127.0.0.1:{base}")])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let (stdout, stderr) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let read = |mut r: Box<dyn tokio::io::AsyncRead + Unpin + Send>| async move {
+        let mut s = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut r, &mut s)
+            .await
+            .unwrap();
+        s
+    };
+    let out = tokio::spawn(read(Box::new(stdout)));
+    let err = tokio::spawn(read(Box::new(stderr)));
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+        .await
+        .expect("stele dev still running 60 s after a node failed to start")
+        .unwrap();
+    let (out, err) = (out.await.unwrap(), err.await.unwrap());
+    assert!(!status.success(), "{out}\n{err}");
+    assert!(
+        err.contains("node 3 exited while the cell was starting"),
+        "{out}\n{err}"
+    );
+    assert!(err.contains("Address already in use"), "{err}");
+}
