@@ -192,4 +192,55 @@ mod tests {
         // A client command with only the variable set exports nothing.
         assert_eq!(choose(None, env(), false).unwrap(), Choice::Off);
     }
+
+    /// `crate::telemetry` of a command line.
+    fn who(args: &[&str]) -> (bool, Option<Identity>) {
+        use clap::Parser;
+        let cli = crate::Cli::try_parse_from(args).expect("command line");
+        crate::telemetry(&cli.command)
+    }
+
+    #[test]
+    fn each_process_names_its_roles_and_ids() {
+        let server = [
+            "stele",
+            "server",
+            "--listen",
+            "127.0.0.1:1",
+            "--data-dir",
+            "d",
+        ];
+        let with = |extra: &[&'static str]| [&server[..], extra].concat();
+        let (exports, id) = who(&with(&[
+            "--roles",
+            "node,controller",
+            "--node-id",
+            "4",
+            "--controller-id",
+            "2",
+            "--cell-id",
+            "eu-1",
+        ]));
+        assert!(exports);
+        let id = id.expect("a server exports");
+        assert_eq!(id.service, "node+controller");
+        assert_eq!(
+            id.attributes,
+            vec![
+                ("stele.node.id", "4".to_string()),
+                ("stele.controller.id", "2".to_string()),
+                ("stele.cell.id", "eu-1".to_string()),
+            ]
+        );
+        let (_, id) = who(&with(&["--roles", "directory", "--directory-id", "3"]));
+        let id = id.unwrap();
+        assert_eq!(id.service, "directory");
+        assert_eq!(id.attributes, vec![("stele.directory.id", "3".to_string())]);
+        let (exports, id) = who(&["stele", "dev"]);
+        assert!(exports);
+        assert_eq!(id.unwrap().service, "node");
+        // A dev cell hands the collector to its processes and is none.
+        assert_eq!(who(&["stele", "dev", "--nodes", "3"]), (true, None));
+        assert_eq!(who(&["stele", "status"]), (false, None));
+    }
 }
