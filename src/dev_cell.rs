@@ -239,6 +239,10 @@ pub async fn run(
         cmd.envs(flags.env.iter().map(|(k, v)| (k, v)));
         // The children log as the parent was told to.
         cmd.env("STELE_LOG_FORMAT", crate::logging::format().name());
+        // And export spans where the parent was told to (`--otlp-endpoint`).
+        if let Some(url) = crate::otel::endpoint() {
+            cmd.env(crate::otel::ENDPOINT_ENV, url);
+        }
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());

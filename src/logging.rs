@@ -7,6 +7,9 @@
 //! controller's assignments, a moment after their group's first messages).
 //! Those lines are demoted: shown only when `RUST_LOG` asks openraft for
 //! debug or more. Anything else openraft says at WARN stays.
+//!
+//! With the `otel` feature and a collector, spans are also exported
+//! (`crate::otel`), through a filter of their own.
 
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Metadata};
@@ -98,8 +101,25 @@ fn wants_raft_debug(filter: &str) -> bool {
     })
 }
 
-/// Installs the process's subscriber.
-pub fn init(format: LogFormat) {
+/// The layer that writes log lines to stderr.
+fn lines<S>(format: LogFormat) -> Box<dyn Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => fmt.boxed(),
+        LogFormat::Json => fmt.json().flatten_event(true).boxed(),
+    }
+}
+
+/// Installs the process's subscriber; with `export` (the `otel` feature:
+/// a collector and who this process is), spans also go to the collector,
+/// through their own filter (`crate::otel`). Inside the tokio runtime.
+pub fn init(
+    format: LogFormat,
+    export: Option<(&str, &crate::otel::Identity)>,
+) -> anyhow::Result<crate::otel::Flush> {
     let _ = FORMAT.set(format);
     let rust_log = std::env::var("RUST_LOG").unwrap_or_default();
     let env = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -107,15 +127,30 @@ pub fn init(format: LogFormat) {
     let chatter = Chatter {
         show: wants_raft_debug(&rust_log),
     };
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
-    let fmt = match format {
-        LogFormat::Text => fmt.boxed(),
-        LogFormat::Json => fmt.json().flatten_event(true).boxed(),
-    };
+    #[cfg(feature = "otel")]
+    if let Some((url, who)) = export {
+        use tracing_subscriber::filter::FilterExt;
+        // RUST_LOG filters the printed lines only: the exported spans pass
+        // their own filter, so they need no DEBUG lines on stderr.
+        let exported = std::env::var(crate::otel::FILTER_ENV)
+            .unwrap_or_else(|_| crate::otel::FILTER_DEFAULT.into());
+        let exported = tracing_subscriber::EnvFilter::try_new(&exported)
+            .map_err(|e| anyhow::anyhow!("{}={exported:?}: {e}", crate::otel::FILTER_ENV))?;
+        let (otel, flush) = crate::otel::layer(url, who)?;
+        tracing_subscriber::registry()
+            .with(lines(format).with_filter(env.and(chatter)))
+            .with(otel.with_filter(exported))
+            .init();
+        return Ok(flush);
+    }
+    // Without the feature, `crate::otel::choose` refused an export.
+    #[cfg(not(feature = "otel"))]
+    let _ = export;
     tracing_subscriber::registry()
         .with(env)
-        .with(fmt.with_filter(chatter))
+        .with(lines(format).with_filter(chatter))
         .init();
+    Ok(crate::otel::Flush::none())
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ mod dev_cell;
 mod http;
 mod logging;
 mod metrics;
+mod otel;
 mod security;
 mod server;
 mod stop;
@@ -41,6 +42,11 @@ struct Cli {
     /// How log lines are written to stderr (levels: RUST_LOG).
     #[arg(long, env = "STELE_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: logging::LogFormat,
+    /// Export the servers' tracing spans to this OpenTelemetry collector
+    /// (OTLP/gRPC, e.g. http://127.0.0.1:4317; or set
+    /// OTEL_EXPORTER_OTLP_ENDPOINT). Needs a build with the `otel` feature.
+    #[arg(long)]
+    otlp_endpoint: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -127,12 +133,29 @@ fn run() -> anyhow::Result<()> {
         // No runtime, logging or credentials: the script is all it prints.
         return cmd::completions::run(a, Cli::command());
     }
-    logging::init(cli.log_format);
-    security::set_cli(cli.certs_dir.as_deref(), cli.token_file.as_deref())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(async move {
+    let (exports, who) = telemetry(&cli.command);
+    let env = std::env::var(otel::ENDPOINT_ENV).ok();
+    let choice = otel::choose(cli.otlp_endpoint.as_deref(), env, exports)?;
+    let flush = {
+        // The exporter's gRPC channel starts on the runtime.
+        let _entered = runtime.enter();
+        let export = match (&choice, &who) {
+            (otel::Choice::Export(url), Some(who)) => Some((url.as_str(), who)),
+            _ => None,
+        };
+        logging::init(cli.log_format, export)?
+    };
+    if let otel::Choice::Unsupported(url) = &choice {
+        tracing::warn!(
+            "{}={url} is set, but this stele was built without the otel feature: no spans are exported",
+            otel::ENDPOINT_ENV
+        );
+    }
+    security::set_cli(cli.certs_dir.as_deref(), cli.token_file.as_deref())?;
+    let result = runtime.block_on(async move {
         match cli.command {
             Command::Dev(a) => cmd::dev::run(*a).await,
             Command::Server(a) => cmd::server::run(*a).await,
@@ -153,5 +176,18 @@ fn run() -> anyhow::Result<()> {
             Command::Health(a) => cmd::health::run(a).await,
             Command::Completions(_) => unreachable!("handled before the runtime starts"),
         }
-    })
+    });
+    // Buffered spans go out while the runtime still runs.
+    flush.run();
+    result
+}
+
+/// Whether `command` runs servers whose spans can be exported (or hands
+/// the collector to its children: a dev cell), and who its process is.
+fn telemetry(command: &Command) -> (bool, Option<otel::Identity>) {
+    match command {
+        Command::Server(a) => (true, Some(a.telemetry())),
+        Command::Dev(a) => (true, a.telemetry()),
+        _ => (false, None),
+    }
 }

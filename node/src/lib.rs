@@ -29,6 +29,7 @@ pub mod segment;
 pub mod service;
 pub mod tablet;
 pub mod tier;
+pub mod trace;
 pub mod transport;
 
 pub use error::{Error, Result};

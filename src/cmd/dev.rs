@@ -77,3 +77,18 @@ pub async fn run(mut a: DevArgs) -> anyhow::Result<()> {
     let listen = crate::addresses::Endpoint::new(crate::addresses::CLIENT, a.listen.into(), None)?;
     run_server(o, listen, "dev", None, ControlRoles::node_only(), None).await
 }
+
+impl DevArgs {
+    /// Who this process is to an OpenTelemetry collector (`crate::otel`):
+    /// node 1 of its cell; `None` for a dev cell, whose processes are its
+    /// children (they get the collector from `dev_cell`).
+    pub fn telemetry(&self) -> Option<crate::otel::Identity> {
+        (self.nodes <= 1 && self.cells <= 1).then(|| crate::otel::Identity {
+            service: "node".into(),
+            attributes: vec![
+                ("stele.node.id", "1".into()),
+                ("stele.cell.id", self.tuning.cold.cell_id.clone()),
+            ],
+        })
+    }
+}

@@ -326,3 +326,29 @@ fn controller_options(a: &ServerArgs) -> stele_controller::ControllerOptions {
     };
     co
 }
+
+impl ServerArgs {
+    /// Who this process is to an OpenTelemetry collector (`crate::otel`).
+    pub fn telemetry(&self) -> crate::otel::Identity {
+        let mut attributes = Vec::new();
+        for role in &self.roles {
+            match role.as_str() {
+                "node" => attributes.push(("stele.node.id", self.node_id.to_string())),
+                "controller" => {
+                    attributes.push(("stele.controller.id", self.controller_id.to_string()))
+                }
+                "directory" => {
+                    attributes.push(("stele.directory.id", self.directory_id.to_string()))
+                }
+                _ => {}
+            }
+        }
+        if !self.roles.iter().any(|r| r == "directory") {
+            attributes.push(("stele.cell.id", self.tuning.cold.cell_id.clone()));
+        }
+        crate::otel::Identity {
+            service: self.roles.join("+"),
+            attributes,
+        }
+    }
+}

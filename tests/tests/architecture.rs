@@ -210,6 +210,12 @@ const SOURCE_RULES: &[SourceRule] = &[
         why: "libraries record through the `metrics` facade; only the binary installs a recorder",
     },
     SourceRule {
+        dir: "",
+        pattern: "opentelemetry",
+        allowed: &["src/", "tests/"],
+        why: "libraries trace through the `tracing` facade; only the binary exports spans (src/otel.rs)",
+    },
+    SourceRule {
         dir: "node/src",
         pattern: "openraft",
         allowed: &["node/src/raft/"],

@@ -32,6 +32,9 @@ pub(crate) struct Committer {
     pub(crate) len_bytes: u64,
     /// Synced lengths for the power-loss fault (`journal-sync-marks`).
     pub(crate) marks: Option<super::marks::Marks>,
+    /// Groups begun since `open`: the `group` field of `journal_group`
+    /// spans (`crate::trace`), failed groups included.
+    pub(crate) groups_started: u64,
 }
 
 impl Committer {
@@ -73,7 +76,16 @@ impl Committer {
                 group_frames += unit.frames.len();
                 group.push(unit);
             }
-            self.commit(group, group_bytes);
+            self.groups_started += 1;
+            let span = tracing::debug_span!(
+                "journal_group",
+                group = self.groups_started,
+                units = group.len(),
+                frames = group_frames,
+                bytes = group_bytes,
+                file = self.seq,
+            );
+            span.in_scope(|| self.commit(group, group_bytes));
         }
     }
 
@@ -167,6 +179,11 @@ impl Committer {
             debug_assert_eq!(offset, self.len_bytes);
         }
         for (unit, unit_locations) in group.into_iter().zip(locations) {
+            if tracing::enabled!(tracing::Level::TRACE) {
+                for &(tablet, index, _) in &unit.frames {
+                    tracing::trace!(tablet, index, "journal frame durable");
+                }
+            }
             counters
                 .frames
                 .fetch_add(unit_locations.len() as u64, Ordering::Relaxed);

@@ -176,6 +176,7 @@ impl Journal {
             seq: recovered.active_seq,
             len_bytes: recovered.active_bytes,
             marks,
+            groups_started: 0,
         };
         let thread = std::thread::Builder::new()
             .name("journal-committer".into())

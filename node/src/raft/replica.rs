@@ -10,6 +10,7 @@ use openraft::Instant as _;
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::impls::BasicNode;
 use stele_proto::command::{TabletCommand, TabletResponse};
+use tracing::Instrument;
 
 use super::TabletRaft;
 use super::log_store::LogStore;
@@ -141,10 +142,21 @@ impl Replica {
     }
 
     /// Proposes `cmd` and waits for it to be applied here.
+    /// Runs in a `propose` span (`crate::trace`) that records the log
+    /// index the command got.
     pub async fn propose(&self, cmd: TabletCommand) -> Result<TabletResponse, ProposeError> {
         let tablet = self.tablet.id;
-        match self.raft.client_write(cmd).await {
-            Ok(resp) => Ok(resp.data),
+        let span = tracing::debug_span!(
+            "propose",
+            tablet,
+            replica = self.replica_id,
+            index = tracing::field::Empty
+        );
+        match self.raft.client_write(cmd).instrument(span.clone()).await {
+            Ok(resp) => {
+                span.record("index", resp.log_id.index());
+                Ok(resp.data)
+            }
             Err(e) if e.forward_to_leader().is_some() => Err(ProposeError::NotLeader { tablet }),
             Err(e) => Err(ProposeError::Unavailable {
                 tablet,

@@ -266,7 +266,26 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
                 ),
                 _ => None,
             };
-            let (response, seal) = {
+            let span = tracing::debug_span!(
+                "apply",
+                tablet = self.tablet.id,
+                replica = self.tablet.replica_id,
+                index = log_id.index(),
+                command = tracing::field::Empty,
+                batch = tracing::field::Empty,
+            );
+            if let EntryPayload::Normal(cmd) = &entry.payload
+                && !span.is_disabled()
+            {
+                span.record("command", crate::trace::command_name(cmd));
+                if let TabletCommand::Append(b) = cmd {
+                    span.record(
+                        "batch",
+                        tracing::field::display(crate::trace::Batch::of_halves(b.batch_id)),
+                    );
+                }
+            }
+            let (response, seal) = span.in_scope(|| {
                 let mut data = self.tablet.write();
                 let applied = match &entry.payload {
                     EntryPayload::Blank => None,
@@ -301,7 +320,7 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
                     None => None,
                 };
                 (response, seal)
-            };
+            });
             if let Some(index) = seal {
                 // The worker owns the rest; if it is gone the node is
                 // shutting down and the seal replays after restart.

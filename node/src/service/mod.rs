@@ -16,6 +16,7 @@ use stele_proto::pb::{self, data_server::Data};
 use stele_proto::{Error as ApiError, vshard};
 use stele_tls::token::Right;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use crate::endpoints::Endpoints;
 use crate::raft::Replica;
@@ -251,10 +252,17 @@ impl DataService {
         ))
     }
 
-    async fn append(&self, req: pb::AppendRequest) -> Result<pb::AppendResponse, ApiError> {
+    /// One append; `span` is its `append` span (`crate::trace`), which
+    /// learns the replica here.
+    async fn append(
+        &self,
+        req: pb::AppendRequest,
+        span: &tracing::Span,
+    ) -> Result<pb::AppendResponse, ApiError> {
         limits::validate_namespace(&req.namespace)?;
         self.node.check_namespace(&req.namespace).await?;
         let (r, batch) = self.admit(req)?;
+        span.record("replica", r.replica_id);
         let resp = r
             .propose(TabletCommand::Append(batch))
             .await
@@ -601,7 +609,16 @@ impl Data for DataService {
             .iter()
             .map(|r| (r.key.len() + r.value.len()) as u64);
         let bytes = bytes.sum();
-        let r = DataService::append(self, req).await;
+        let batch = crate::trace::Batch::of_bytes(&req.batch_id);
+        let replica = tracing::field::Empty;
+        let span = tracing::debug_span!("append", tablet = req.tablet, replica, %batch, records);
+        let r = DataService::append(self, req, &span)
+            .instrument(span.clone())
+            .await;
+        span.in_scope(|| match &r {
+            Ok(a) => tracing::debug!(duplicate = a.duplicate, "append acknowledged"),
+            Err(e) => tracing::debug!(error = %e, "append refused"),
+        });
         crate::metrics::record_append(started.elapsed(), r.is_ok(), records, bytes);
         if r.is_ok() {
             self.node.load.record_append(started.elapsed(), records);
