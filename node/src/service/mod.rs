@@ -29,6 +29,7 @@ use access::Access;
 mod options;
 pub(crate) mod page;
 mod serve;
+mod status;
 
 pub use options::{DataOptions, DataParts, FailPoints};
 use page::{
@@ -699,104 +700,6 @@ impl Data for DataService {
         &self,
         _req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
-        let js = self.node.journal.stats();
-        let ts = self.node.endpoints.transport_stats();
-        let (mut records, mut sealed, mut snapshots, mut compactions) = (0, 0, 0, 0);
-        for r in self.node.replicas.replicas() {
-            snapshots += r
-                .tablet
-                .stats
-                .snapshots_installed
-                .load(std::sync::atomic::Ordering::Relaxed);
-            records += r
-                .tablet
-                .stats
-                .records_applied
-                .load(std::sync::atomic::Ordering::Relaxed);
-            sealed += r
-                .tablet
-                .stats
-                .seals_published
-                .load(std::sync::atomic::Ordering::Relaxed);
-            compactions += r
-                .tablet
-                .stats
-                .compactions
-                .load(std::sync::atomic::Ordering::Relaxed);
-        }
-        let tier = self.node.options.tier.clone();
-        let tls = &self.node.options.tls;
-        let tier_stat = |f: fn(&crate::tier::TierStats) -> &std::sync::atomic::AtomicU64| {
-            tier.as_ref().map_or(0, |t| {
-                f(&t.stats).load(std::sync::atomic::Ordering::Relaxed)
-            })
-        };
-        Ok(Response::new(pb::StatusResponse {
-            node_id: self.node.options.node_id,
-            version: env!("CARGO_PKG_VERSION").to_string(),
-            tablets: self.node.replicas.replica_count() as u64,
-            journal_fsyncs: js.fsyncs,
-            journal_frames: js.frames,
-            journal_bytes: js.bytes,
-            journal_files: js.files as u64,
-            journal_stopped: js.stopped.unwrap_or_default(),
-            records_appended: records,
-            segments_sealed: sealed,
-            compactions,
-            replayed_frames: self
-                .node
-                .stats
-                .replayed_frames
-                .load(std::sync::atomic::Ordering::Relaxed),
-            free_bytes: self.node.disk.free_bytes(),
-            peer_connections: ts.as_ref().map_or(0, |t| t.connections_open),
-            peers_with_extra_connections: ts.as_ref().map_or(0, |t| {
-                t.open_per_peer.values().filter(|n| **n > 1).count() as u64
-            }),
-            peer_rejected_frames: ts.as_ref().map_or(0, |t| t.rejected_frames),
-            peer_connections_refused: ts.as_ref().map_or(0, |t| t.connections_refused),
-            peer_messages_filtered: self.node.options.peer_filter.filtered(),
-            bad_peer_endpoints: self.node.endpoints.bad_peer_endpoints(),
-            requests_refused: self.node.stats.requests_refused.load(Ordering::Relaxed),
-            token_epoch: self.node.tokens.epoch(),
-            peer_control_messages: ts.as_ref().map_or(0, |t| t.control_messages),
-            peer_control_batches: ts.as_ref().map_or(0, |t| t.control_batches),
-            heartbeat_rounds: self
-                .node
-                .pacer_stats
-                .heartbeat_rounds
-                .load(std::sync::atomic::Ordering::Relaxed),
-            campaigns: self
-                .node
-                .pacer_stats
-                .campaigns
-                .load(std::sync::atomic::Ordering::Relaxed),
-            peer_filter_blocked: self
-                .node
-                .options
-                .peer_filter
-                .blocked()
-                .into_iter()
-                .collect(),
-            segments_fetched: self
-                .node
-                .stats
-                .segments_fetched
-                .load(std::sync::atomic::Ordering::Relaxed),
-            snapshots_installed: snapshots,
-            segments_uploaded: tier_stat(|s| &s.segments_uploaded),
-            segments_evicted: tier_stat(|s| &s.segments_evicted),
-            manifests_published: tier_stat(|s| &s.manifests_published),
-            cold_bytes_fetched: tier_stat(|s| &s.cold_bytes_fetched),
-            cold_bytes_cached: tier_stat(|s| &s.cold_bytes_cached),
-            peer_bytes_in: ts.as_ref().map_or(0, |t| t.bytes_in),
-            peer_bytes_out: ts.as_ref().map_or(0, |t| t.bytes_out),
-            tls_serial: tls.as_ref().and_then(|c| c.serial()).unwrap_or_default(),
-            tls_not_after_unix: tls
-                .as_ref()
-                .and_then(|c| c.not_after())
-                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                .map_or(0, |d| d.as_secs()),
-        }))
+        Ok(Response::new(status::of(&self.node)))
     }
 }
