@@ -74,6 +74,8 @@ pub struct ColdTierArgs {
     #[arg(long)]
     pub object_store: Option<String>,
     /// Opaque cell id, part of every object key ([a-z0-9-], at most 64).
+    /// A data directory is bound to the first one it runs with a cold tier
+    /// (or is restored under) and refuses another.
     #[arg(long, default_value = "dev")]
     pub cell_id: String,
     /// S3 endpoint override (path-style requests); http is allowed for

@@ -29,6 +29,9 @@ const TOMBSTONES: TableDefinition<u64, u64> = TableDefinition::new("tombstones")
 /// Namespace -> owning cell (CBOR), as the directory answered: a namespace
 /// never changes cell, so a cached answer is kept for good.
 const NAMESPACES: TableDefinition<&str, &[u8]> = TableDefinition::new("namespaces");
+/// What the data directory belongs to: `"cell"` → the cell id its
+/// objects are keyed under in the bucket.
+const IDENTITY: TableDefinition<&str, &str> = TableDefinition::new("identity");
 
 /// Catalog format version. Startup refuses any other.
 pub const CATALOG_FORMAT: u32 = 1;
@@ -300,6 +303,47 @@ impl Catalog {
         db_err(&self.path)
     }
 
+    /// The cell id this data directory is bound to (`None`: not yet).
+    pub fn cell(&self) -> Result<Option<String>> {
+        let txn = self.db.begin_read().map_err(|e| self.err()(e.into()))?;
+        let table = match txn.open_table(IDENTITY) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(self.err()(e.into())),
+        };
+        let cell = table.get("cell").map_err(|e| self.err()(e.into()))?;
+        Ok(cell.map(|g| g.value().to_string()))
+    }
+
+    /// Binds this data directory to `cell` the first time a cold tier
+    /// names one (or a restore writes it); afterwards refuses any other
+    /// cell id, whose objects would be keyed elsewhere in the bucket
+    /// (uploads under another cell, cold reads that find nothing).
+    pub fn bind_cell(&self, cell: &str) -> Result<()> {
+        let err = self.err();
+        let txn = self.db.begin_write().map_err(|e| err(e.into()))?;
+        {
+            let mut table = txn.open_table(IDENTITY).map_err(|e| err(e.into()))?;
+            let bound = table
+                .get("cell")
+                .map_err(|e| err(e.into()))?
+                .map(|g| g.value().to_string());
+            match bound {
+                Some(b) if b == cell => return Ok(()),
+                Some(b) => {
+                    return Err(Error::OtherCell {
+                        bound: b,
+                        given: cell.to_string(),
+                    });
+                }
+                None => {
+                    table.insert("cell", cell).map_err(|e| err(e.into()))?;
+                }
+            }
+        }
+        txn.commit().map_err(|e| err(e.into()))
+    }
+
     /// All tablet records, by id.
     pub fn tablets(&self) -> Result<Vec<TabletRecord>> {
         let err = self.err();
@@ -494,6 +538,27 @@ impl Catalog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_data_directory_is_bound_to_one_cell() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("catalog.redb");
+        let c = Catalog::open(&path).unwrap();
+        // A catalog from before the identity table: not bound yet.
+        assert_eq!(c.cell().unwrap(), None);
+        c.bind_cell("c1").unwrap();
+        c.bind_cell("c1").unwrap();
+        drop(c);
+        let c = Catalog::open(&path).unwrap();
+        assert_eq!(c.cell().unwrap().as_deref(), Some("c1"));
+        let e = c.bind_cell("c2").unwrap_err();
+        assert!(
+            matches!(&e, Error::OtherCell { bound, given } if bound == "c1" && given == "c2"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("--cell-id c1"), "{e}");
+        assert_eq!(c.cell().unwrap().as_deref(), Some("c1"), "still c1");
+    }
 
     #[test]
     fn keep_narrows_to_each_side_and_widens_back() {

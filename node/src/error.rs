@@ -45,6 +45,12 @@ pub enum Error {
         replica: u64,
         refusal: Refusal,
     },
+    /// The data directory holds another cell's data.
+    #[error(
+        "this data directory belongs to cell {bound:?} (its objects are under cells/{bound}/ in the bucket), \
+         not {given:?}: start it with --cell-id {bound}"
+    )]
+    OtherCell { bound: String, given: String },
     #[error(transparent)]
     Api(#[from] stele_proto::Error),
     #[error("journal: {0}")]

@@ -276,6 +276,9 @@ impl Node {
         options.validate()?;
         check_data_dir(&options)?;
         let catalog = Catalog::open(&options.data_dir.join("catalog.redb"))?;
+        if let Some(tier) = &options.tier {
+            catalog.bind_cell(&tier.options.cell)?;
+        }
         let (journal, recovery) = Journal::open(options.journal.clone())?;
         if let Some((file, offset)) = &recovery.truncated {
             tracing::warn!(file = %file.display(), offset, "journal: torn final frame truncated");

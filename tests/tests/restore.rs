@@ -132,27 +132,30 @@ async fn restore_brings_back_every_acknowledged_record_of_a_cell() {
     ]);
     assert!(!ok, "restored over an existing data directory");
     eprintln!("second restore refused: {err}");
-    let node = Proc::start(
-        &[
-            "server",
-            "--node-id",
-            "1",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            restored.to_str().unwrap(),
-            "--object-store",
-            &url,
-            "--cell-id",
-            "rcell",
-            "--disk-reserve-bytes",
-            "0",
-            "--journal-reserve-bytes",
-            "0",
-        ],
-        &[],
-    )
-    .unwrap();
+    // Started with the command the restore printed (HOST:PORT filled in;
+    // no disk reserve on the shared test disk).
+    let printed = out
+        .split("start it with `stele ")
+        .nth(1)
+        .and_then(|rest| rest.split('`').next())
+        .unwrap_or_else(|| panic!("no start command in {out}"))
+        .replace("HOST:PORT", "127.0.0.1:0");
+    let mut args: Vec<&str> = printed.split_whitespace().collect();
+    args.extend(["--disk-reserve-bytes", "0", "--journal-reserve-bytes", "0"]);
+    // Another cell id would key its objects elsewhere in the bucket: the
+    // restored data directory refuses it, naming the right one.
+    let mut wrong = args.clone();
+    let at = wrong
+        .iter()
+        .position(|a| *a == "--cell-id")
+        .expect("--cell-id printed");
+    wrong[at + 1] = "othercell";
+    let refused = Proc::start(&wrong, &[]).map(|_| ()).unwrap_err();
+    assert!(
+        refused.contains("belongs to cell \"rcell\"") && refused.contains("--cell-id rcell"),
+        "{refused}"
+    );
+    let node = Proc::start(&args, &[]).unwrap();
     let client = Client::connect(&node.endpoint, client_options())
         .await
         .unwrap();

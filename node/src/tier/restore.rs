@@ -119,6 +119,9 @@ pub async fn restore(
         source: e,
     })?;
     let catalog = Catalog::open(&catalog_path).map_err(|e| Error::Other(e.to_string()))?;
+    catalog
+        .bind_cell(&tier.options.cell)
+        .map_err(|e| Error::Other(e.to_string()))?;
     let mut report = Report::default();
     for m in &manifests {
         let dir = data_dir.join("segments").join(m.tablet.to_string());

@@ -97,6 +97,9 @@ pub async fn restore_node(
         source: e,
     })?;
     let catalog = Catalog::open(&catalog_path).map_err(|e| Error::Other(e.to_string()))?;
+    catalog
+        .bind_cell(&tier.options.cell)
+        .map_err(|e| Error::Other(e.to_string()))?;
     let mut report = NodeReport::default();
     for p in plans {
         if !p.voters.contains(&p.replica_id) {
