@@ -363,7 +363,21 @@ async fn evict_replica(
         evict_watermark: tier.options.evict_watermark,
         evict_aggressive_watermark: tier.options.evict_aggressive_watermark,
     };
-    for id in evict::plan(&candidates, total, avail, &policy) {
+    let planned = evict::plan(&candidates, total, avail, &policy);
+    // Evict only while the store answers: a copy confirmed before an
+    // outage would otherwise be evicted during it, and reads of it would
+    // fail until the store is back, while the disk fills to its reserve
+    // anyway (docs/OPERATIONS.md: nothing is evicted while the store is
+    // unreachable). One check of the first copy per pass.
+    if let Some((seg, reader)) = planned
+        .first()
+        .and_then(|id| local.iter().find(|(s, _)| &s.id == id))
+        && let Err(e) = confirm(tier, t.id, seg, reader.file_xxh3()).await
+    {
+        tracing::debug!(tablet = t.id, error = %e, "the store does not answer: nothing evicted this pass");
+        return Ok(());
+    }
+    for id in planned {
         let Some((seg, local_reader)) = local.iter().find(|(s, _)| s.id == id) else {
             continue;
         };
