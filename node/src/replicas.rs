@@ -255,7 +255,8 @@ impl ReplicaSet {
         tablet: &Arc<Tablet>,
         log: &LogStore,
     ) -> Result<crate::raft::TabletRaft> {
-        let sm = StateMachine::new(tablet.clone(), self.0.seals.clone(), self.neighbours());
+        let sm = StateMachine::new(tablet.clone(), self.0.seals.clone(), self.neighbours())
+            .marking(log.applied_mark());
         self.0
             .starter
             .start(tablet.id, tablet.replica_id, log.clone(), sm)

@@ -66,7 +66,13 @@ impl Committer {
             let deadline = Instant::now() + opts.linger;
             let file_room_bytes = opts.file_bytes_max.saturating_sub(self.len_bytes);
             while group_bytes < opts.group_bytes_max && group_frames < opts.group_frames_max {
-                let next = shared.queue.pop_until(deadline, |unit| {
+                let room = (
+                    opts.group_bytes_max
+                        .saturating_sub(group_bytes)
+                        .min(file_room_bytes.saturating_sub(group_bytes as u64) as usize),
+                    opts.group_frames_max.saturating_sub(group_frames),
+                );
+                let next = shared.queue.pop_until(deadline, room, |unit| {
                     group_bytes + unit.bytes.len() <= opts.group_bytes_max
                         && group_frames + unit.frames.len() <= opts.group_frames_max
                         && (group_bytes + unit.bytes.len()) as u64 <= file_room_bytes

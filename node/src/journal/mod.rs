@@ -357,6 +357,13 @@ impl Journal {
         self.retention().laggards(bytes_max)
     }
 
+    /// Why the journal stopped taking writes, if it did (what
+    /// [`Journal::stats`] reports, without counting files: the append path
+    /// asks on every request).
+    pub fn stopped(&self) -> Option<String> {
+        self.shared().stopped_reason()
+    }
+
     pub fn stats(&self) -> Stats {
         let shared = self.shared();
         let counters = &shared.counters;

@@ -21,6 +21,7 @@ use stele_proto::command::{TabletCommand, TabletResponse};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::log_store::AppliedMark;
 use super::{
     LogId, SnapshotData, SnapshotMeta, StoredMembership, TabletConfig, decode, encode, io_err,
 };
@@ -144,6 +145,7 @@ pub struct StateMachine {
     seals: SealQueue,
     current: Current,
     neighbours: Arc<dyn Neighbours>,
+    applied: AppliedMark,
 }
 
 impl StateMachine {
@@ -157,7 +159,15 @@ impl StateMachine {
             seals,
             current: Current::default(),
             neighbours,
+            applied: AppliedMark::default(),
         }
+    }
+
+    /// Raises `mark` as it applies: the replica's log holds each entry in
+    /// memory until then (`LogStore::applied_mark`).
+    pub fn marking(mut self, mark: AppliedMark) -> StateMachine {
+        self.applied = mark;
+        self
     }
 }
 
@@ -326,6 +336,7 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
                 // shutting down and the seal replays after restart.
                 let _ = self.seals.send((self.tablet.clone(), index));
             }
+            self.applied.set(log_id.index());
             if let Some(responder) = responder {
                 responder.send(response);
             }

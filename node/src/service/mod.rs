@@ -229,7 +229,7 @@ impl DataService {
             }
             None => None,
         };
-        if let Some(reason) = self.node.journal.stats().stopped {
+        if let Some(reason) = self.node.journal.stopped() {
             return Err(ApiError::Unavailable {
                 reason: format!("journal stopped: {reason}"),
             });

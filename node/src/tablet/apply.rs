@@ -18,7 +18,6 @@ use super::receipts::{self, Receipt, ReceiptPart};
 use super::{Frozen, Tablet, TabletData};
 use crate::catalog::{ColdCopy, SegmentRef};
 use crate::raft::LogId;
-use crate::segment::Row;
 
 /// What an applied command asks of the replica's driver besides its
 /// response. Apply itself never writes: these are the writes.
@@ -414,17 +413,12 @@ pub(crate) fn apply_batch(
     let mut positions = Vec::with_capacity(batch.records.len());
     for (slot, r) in batch.records.iter().enumerate() {
         let slot = slot as u32;
-        data.memtable.insert(
-            Row {
-                namespace: batch.namespace.clone(),
-                key: r.key.clone(),
-                ts: r.ts,
-                index,
-                slot,
-                value: r.value.clone(),
-                vshard: r.vshard,
-                tablet: 0,
-            },
+        data.memtable.insert_in(
+            &batch.namespace,
+            r.key.clone(),
+            (r.ts, index, slot),
+            r.vshard,
+            r.value.clone(),
             batch.proposed_at_us,
         );
         positions.push(Pos {

@@ -1,28 +1,41 @@
 //! The memtable: a tablet's applied, unsealed rows, ordered as a segment
 //! orders them, so sealing is a straight walk.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::ops::Bound;
+
+use rustc_hash::FxHashMap;
 
 use crate::segment::Row;
 
-/// Ordering key of a row: `(namespace, key, ts, index, slot)`.
-pub type RowKey = (String, Vec<u8>, u64, u64, u32);
+/// Ordering key of a row within its namespace: `(key, ts, index, slot)`.
+type RowKey = (Vec<u8>, u64, u64, u32);
 
 /// Position of a row inside its tablet: `(index, slot)`.
 pub type LocalPos = (u64, u32);
 
+/// A memtable's rows, namespace by namespace (in namespace order, so the
+/// whole is in `(namespace, key, ts, index, slot)` order). Each row stores
+/// no copy of its namespace, and an insert compares keys, not namespaces.
 #[derive(Debug, Default)]
 pub struct Memtable {
-    /// Row -> (vshard, value).
-    rows: BTreeMap<RowKey, (u32, Vec<u8>)>,
-    /// Latest record per key, by position: `(ts, index, slot)`.
-    latest: HashMap<(String, Vec<u8>), (u64, u64, u32)>,
+    spaces: BTreeMap<String, Space>,
+    rows: usize,
     bytes: usize,
     first_index: Option<u64>,
     last_index: u64,
     /// Proposal time of the oldest batch in the memtable (for age seals).
     oldest_at_us: Option<u64>,
+}
+
+#[derive(Debug, Default)]
+struct Space {
+    /// Row -> (vshard, value).
+    rows: BTreeMap<RowKey, (u32, Vec<u8>)>,
+    /// Latest record per key, by position: `(ts, index, slot)`. Keys are
+    /// client bytes, but a client choosing colliding keys only slows its
+    /// own tablet's memtable, so a fast hash is fine.
+    latest: FxHashMap<Vec<u8>, (u64, u64, u32)>,
 }
 
 /// Fixed per-row overhead counted in [`Memtable::bytes`], so a flood of
@@ -42,27 +55,53 @@ impl Memtable {
             vshard,
             tablet: _,
         } = row;
+        self.insert_in(&namespace, key, (ts, index, slot), vshard, value, at_us);
+    }
+
+    /// [`Memtable::insert`] of a row given by parts: the namespace is
+    /// copied only for the first row of a namespace.
+    pub fn insert_in(
+        &mut self,
+        namespace: &str,
+        key: Vec<u8>,
+        (ts, index, slot): (u64, u64, u32),
+        vshard: u32,
+        value: Vec<u8>,
+        at_us: u64,
+    ) {
         self.bytes += namespace.len() + key.len() + value.len() + ROW_OVERHEAD_BYTES;
         self.first_index.get_or_insert(index);
         self.last_index = self.last_index.max(index);
         self.oldest_at_us.get_or_insert(at_us);
-        let latest = self
-            .latest
-            .entry((namespace.clone(), key.clone()))
-            .or_insert((ts, index, slot));
-        if (index, slot) >= (latest.1, latest.2) {
-            *latest = (ts, index, slot);
+        let space = match self.spaces.get_mut(namespace) {
+            Some(space) => space,
+            None => self.spaces.entry(namespace.to_owned()).or_default(),
+        };
+        match space.latest.get_mut(&key) {
+            Some(latest) => {
+                if (index, slot) >= (latest.1, latest.2) {
+                    *latest = (ts, index, slot);
+                }
+            }
+            None => {
+                space.latest.insert(key.clone(), (ts, index, slot));
+            }
         }
-        self.rows
-            .insert((namespace, key, ts, index, slot), (vshard, value));
+        if space
+            .rows
+            .insert((key, ts, index, slot), (vshard, value))
+            .is_none()
+        {
+            self.rows += 1;
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
+        self.rows == 0
     }
 
     pub fn len(&self) -> usize {
-        self.rows.len()
+        self.rows
     }
 
     pub fn bytes(&self) -> usize {
@@ -79,10 +118,11 @@ impl Memtable {
 
     /// The latest record of a key, by position.
     pub fn latest(&self, namespace: &str, key: &[u8]) -> Option<Row> {
-        let (ts, index, slot) = *self.latest.get(&(namespace.to_string(), key.to_vec()))?;
-        let k = (namespace.to_string(), key.to_vec(), ts, index, slot);
-        let value = self.rows.get(&k)?;
-        Some(to_row(&k, value))
+        let space = self.spaces.get(namespace)?;
+        let (ts, index, slot) = *space.latest.get(key)?;
+        let k = (key.to_vec(), ts, index, slot);
+        let value = space.rows.get(&k)?;
+        Some(to_row(namespace, &k, value))
     }
 
     /// Rows of one key with `ts_from <= ts < ts_to`, ascending, strictly
@@ -96,46 +136,60 @@ impl Memtable {
         after: Option<(u64, u64, u32)>,
         limit: usize,
     ) -> Vec<Row> {
-        let lo = match after {
-            Some((ts, index, slot)) if ts >= ts_from => {
-                Bound::Excluded((namespace.to_string(), key.to_vec(), ts, index, slot))
-            }
-            _ => Bound::Included((namespace.to_string(), key.to_vec(), ts_from, 0, 0)),
-        };
-        let hi = Bound::Excluded((namespace.to_string(), key.to_vec(), ts_to, 0, 0));
         if ts_from >= ts_to {
             return Vec::new();
         }
-        self.rows
+        let Some(space) = self.spaces.get(namespace) else {
+            return Vec::new();
+        };
+        let lo = match after {
+            Some((ts, index, slot)) if ts >= ts_from => {
+                Bound::Excluded((key.to_vec(), ts, index, slot))
+            }
+            _ => Bound::Included((key.to_vec(), ts_from, 0, 0)),
+        };
+        let hi = Bound::Excluded((key.to_vec(), ts_to, 0, 0));
+        space
+            .rows
             .range((lo, hi))
             .take(limit)
-            .map(|(k, v)| to_row(k, v))
+            .map(|(k, v)| to_row(namespace, k, v))
             .collect()
     }
 
     /// Rows of a namespace whose key starts with `prefix` and whose ts is in
     /// `[ts_from, ts_to)`, in key order.
     pub fn scan(&self, namespace: &str, prefix: &[u8], ts_from: u64, ts_to: u64) -> Vec<Row> {
-        let lo = Bound::Included((namespace.to_string(), prefix.to_vec(), 0, 0, 0));
-        self.rows
+        let Some(space) = self.spaces.get(namespace) else {
+            return Vec::new();
+        };
+        let lo = Bound::Included((prefix.to_vec(), 0, 0, 0));
+        space
+            .rows
             .range((lo, Bound::Unbounded))
-            .take_while(|(k, _)| k.0 == namespace && k.1.starts_with(prefix))
-            .filter(|(k, _)| k.2 >= ts_from && k.2 < ts_to)
-            .map(|(k, v)| to_row(k, v))
+            .take_while(|(k, _)| k.0.starts_with(prefix))
+            .filter(|(k, _)| k.1 >= ts_from && k.1 < ts_to)
+            .map(|(k, v)| to_row(namespace, k, v))
             .collect()
     }
 
     /// All rows in segment order (for sealing and snapshots).
     pub fn rows(&self) -> Vec<Row> {
-        self.rows.iter().map(|(k, v)| to_row(k, v)).collect()
+        let mut out = Vec::with_capacity(self.rows);
+        for (namespace, space) in &self.spaces {
+            out.extend(space.rows.iter().map(|(k, v)| to_row(namespace, k, v)));
+        }
+        out
     }
 
     /// Moves every row of `other` into `self` (a failed seal puts its rows
     /// back this way).
     pub fn absorb(&mut self, other: Memtable) {
         let at = other.oldest_at_us.unwrap_or(0);
-        for (k, v) in other.rows {
-            self.insert(to_row(&k, &v), at);
+        for (namespace, space) in other.spaces {
+            for ((key, ts, index, slot), (vshard, value)) in space.rows {
+                self.insert_in(&namespace, key, (ts, index, slot), vshard, value, at);
+            }
         }
         if let Some(at) = other.oldest_at_us {
             self.oldest_at_us = Some(self.oldest_at_us.map_or(at, |o| o.min(at)));
@@ -146,13 +200,13 @@ impl Memtable {
     }
 }
 
-fn to_row(k: &RowKey, (vshard, value): &(u32, Vec<u8>)) -> Row {
+fn to_row(namespace: &str, k: &RowKey, (vshard, value): &(u32, Vec<u8>)) -> Row {
     Row {
-        namespace: k.0.clone(),
-        key: k.1.clone(),
-        ts: k.2,
-        index: k.3,
-        slot: k.4,
+        namespace: namespace.to_owned(),
+        key: k.0.clone(),
+        ts: k.1,
+        index: k.2,
+        slot: k.3,
         value: value.clone(),
         vshard: *vshard,
         tablet: 0,
