@@ -149,6 +149,23 @@ async fn wait_ready(controller: &str, tablets: u32) -> anyhow::Result<()> {
     }
 }
 
+/// Turns on the newest tablet log format (coalesced appends): every
+/// member of a dev cell runs this binary. Nothing when it is on already.
+async fn enable_log_format(controller: &str) -> anyhow::Result<()> {
+    let admin = stele_client::admin::Admin::new(vec![controller.to_string()])?;
+    let req = stele_proto::pb::EnableFormatRequest {
+        name: stele_proto::formats::LOG.into(),
+        version: stele_proto::formats::LOG_MAX,
+    };
+    admin
+        .call(|mut c| {
+            let req = req.clone();
+            async move { c.enable_format(req).await }
+        })
+        .await?;
+    Ok(())
+}
+
 /// Creates the one-member directory (nothing when it exists) and registers
 /// the cells with it.
 async fn init_directory(directory: &str, cells: &[(String, String)]) -> anyhow::Result<()> {
@@ -378,6 +395,10 @@ pub async fn run(
                         }
                         if let Err(e) = wait_ready(&controller, flags.tablets).await {
                             failed = Some(e);
+                            break;
+                        }
+                        if let Err(e) = enable_log_format(&controller).await {
+                            failed = Some(e.context(format!("enable log format 2 in dev cell {id}")));
                             break;
                         }
                         registered.push((id.to_string(), controller));

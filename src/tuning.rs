@@ -58,6 +58,18 @@ pub struct Tuning {
     /// scrape; 0: none. Bounds the series a scrape carries.
     #[arg(long, default_value_t = 10)]
     pub metrics_hot_tablets: usize,
+    /// Proposals of one tablet a leader keeps out at a time; appends
+    /// that arrive meanwhile wait and go together as one log entry when
+    /// one comes back (needs the cell's log format 2). 1 coalesces most,
+    /// more overlaps more proposals.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub append_in_flight: u16,
+    /// The tablet log format of a node without a controller (1, or 2 to
+    /// coalesce concurrent appends into one entry); a node of a cell takes
+    /// the cell's (`stele cell formats enable log 2`). Default: 2 for a
+    /// one-node `stele dev`, else 1.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=stele_proto::formats::LOG_MAX as i64))]
+    pub tablet_log_format: Option<u32>,
     #[command(flatten)]
     pub cold: ColdTierArgs,
 }
@@ -260,6 +272,7 @@ impl Tuning {
                 "--metrics-hot-tablets",
                 self.metrics_hot_tablets.to_string(),
             ),
+            ("--append-in-flight", self.append_in_flight.to_string()),
         ]
         .into_iter()
         .flat_map(|(k, v)| [k.to_string(), v])
@@ -291,6 +304,10 @@ pub fn node_options(
     o.metrics_hot_tablets = t.metrics_hot_tablets;
     o.batch_bytes_max = t.batch_bytes_max;
     o.batch_records_max = t.batch_records_max;
+    o.append_in_flight = usize::from(t.append_in_flight);
+    o.log_format = t
+        .tablet_log_format
+        .unwrap_or(stele_proto::formats::BASELINE);
     // One batch is one journal frame: size the frame limit from the batch.
     o.journal.frame_payload_bytes_max = t.batch_bytes_max + o.batch_records_max * 64 + 64 * 1024;
     o.raft = stele_node::raft::RaftTiming::for_election_timeout(t.election_timeout_ms);

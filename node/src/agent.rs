@@ -213,6 +213,10 @@ impl Agent {
         if let Err(e) = self.replicas.set_segment_format(segment) {
             tracing::error!(error = %e, "the cell's segment format is one this build cannot write");
         }
+        let log = stele_proto::formats::version_of(&r.formats, stele_proto::formats::LOG);
+        if let Err(e) = self.replicas.set_log_format(log) {
+            tracing::error!(error = %e, "the cell's log format is one this build cannot write");
+        }
         if let Some(set) = &self.set_peer {
             let mut known = self.known_peers.lock().expect("lock poisoned");
             let (new, bad) = peer_changes(me, &r.peers, &known);

@@ -109,6 +109,13 @@ pub struct NodeOptions {
     /// How long a graceful stop (SIGTERM) may take: leadership hand-off,
     /// in-flight calls, shutdown (`Node::drain_leadership`).
     pub drain_deadline: Duration,
+    /// How many proposals of one tablet a leader keeps out at a time
+    /// before later appends wait and share an entry (`raft::coalesce`);
+    /// only with log format 2.
+    pub append_in_flight: usize,
+    /// The tablet log format (`formats::LOG`) of a node without a
+    /// controller; a controlled node starts at 1 and takes the cell's.
+    pub log_format: u32,
 }
 
 impl NodeOptions {
@@ -119,6 +126,8 @@ impl NodeOptions {
             node_id: 1,
             initial_tablets: 16,
             drain_deadline: Duration::from_secs(10),
+            append_in_flight: 2,
+            log_format: stele_proto::formats::BASELINE,
             cell_nodes: vec![1],
             advertise: String::new(),
             peer_endpoints: BTreeMap::new(),
@@ -175,6 +184,19 @@ impl NodeOptions {
             return Err(Error::Config(format!(
                 "batch_bytes_max {} (+ encoding) exceeds the journal frame limit {}",
                 self.batch_bytes_max, self.journal.frame_payload_bytes_max
+            )));
+        }
+        if !(1..=1024).contains(&self.append_in_flight) {
+            return Err(Error::Config(format!(
+                "append_in_flight must be 1..=1024, not {}",
+                self.append_in_flight
+            )));
+        }
+        let formats = stele_proto::formats::BASELINE..=stele_proto::formats::LOG_MAX;
+        if !formats.contains(&self.log_format) {
+            return Err(Error::Config(format!(
+                "log format {} is not one this build writes ({formats:?})",
+                self.log_format
             )));
         }
         crate::raft::tablet_config(&self.raft, self.unsafe_leader_restore)?;
@@ -301,6 +323,11 @@ impl Node {
                 segments_dir: segments_dir.clone(),
                 tablet: options.tablet.clone(),
                 tier: options.tier.clone(),
+                log_format: if options.controlled {
+                    stele_proto::formats::BASELINE
+                } else {
+                    options.log_format
+                },
             },
             journal.clone(),
             catalog.clone(),
@@ -441,6 +468,7 @@ impl Node {
                 value_bytes_max: o.value_bytes_max,
                 batch_bytes_max: o.batch_bytes_max,
                 batch_records_max: o.batch_records_max,
+                append_in_flight: o.append_in_flight,
                 disk_reserve_bytes: o.disk_reserve_bytes,
                 peer_filter: o.peer_filter.clone(),
                 tier: o.tier.clone(),

@@ -51,6 +51,9 @@ pub struct HostOptions {
     pub segments_dir: PathBuf,
     pub tablet: TabletOptions,
     pub tier: Option<Arc<crate::tier::Tier>>,
+    /// The tablet log format in use at start (`formats::LOG`): the
+    /// controller's heartbeat answers change it on a controlled node.
+    pub log_format: u32,
 }
 
 #[derive(Clone)]
@@ -92,6 +95,10 @@ struct Inner {
     /// heartbeat answer sets it): what this node's leaders put in the
     /// seals and compactions they propose.
     segment_format: std::sync::atomic::AtomicU32,
+    /// The tablet log format the cell has enabled (`formats::LOG`): from
+    /// 2, this node's leaders coalesce concurrent appends into
+    /// `AppendMany` entries.
+    log_format: std::sync::atomic::AtomicU32,
 }
 
 /// The node's replicas (cheap to clone: a handle).
@@ -108,6 +115,7 @@ impl ReplicaSet {
         cancel: CancellationToken,
     ) -> ReplicaSet {
         ReplicaSet(Arc::new(Inner {
+            log_format: opts.log_format.into(),
             opts,
             journal,
             catalog,
@@ -146,6 +154,31 @@ impl ReplicaSet {
                 to = version,
                 "segment format of new seals changed"
             );
+        }
+        Ok(())
+    }
+
+    /// The tablet log format entries proposed here may use.
+    pub fn log_format(&self) -> u32 {
+        self.0.log_format.load(Ordering::Relaxed)
+    }
+
+    /// Sets the cell's enabled log format; a version this build does not
+    /// know is refused, as [`ReplicaSet::set_segment_format`] does.
+    pub fn set_log_format(&self, version: u32) -> Result<()> {
+        use stele_proto::formats::{BASELINE, LOG_MAX};
+        if !(BASELINE..=LOG_MAX).contains(&version) {
+            return Err(stele_proto::Error::InvalidArgument {
+                field: "log format".into(),
+                reason: format!(
+                    "{version} is not one this build writes ({BASELINE}..={LOG_MAX})"
+                ),
+            }
+            .into());
+        }
+        let old = self.0.log_format.swap(version, Ordering::Relaxed);
+        if old != version {
+            tracing::info!(from = old, to = version, "tablet log format changed");
         }
         Ok(())
     }

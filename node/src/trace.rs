@@ -57,6 +57,7 @@ impl fmt::Display for Batch {
 pub fn command_name(cmd: &TabletCommand) -> &'static str {
     match cmd {
         TabletCommand::Append(_) => "append",
+        TabletCommand::AppendMany(_) => "append_many",
         TabletCommand::Seal { .. } => "seal",
         TabletCommand::Uploaded { .. } => "uploaded",
         TabletCommand::DropSegment { .. } => "drop_segment",

@@ -1442,3 +1442,139 @@ async fn key_reads_across_a_split_are_neither_empty_nor_out_of_order() {
     assert_eq!(values, (0..35).map(|i| format!("v{i}")).collect::<Vec<_>>());
     r.stop().await;
 }
+
+/// One concurrent round of `coalesce_round`: each batch's outcome, by
+/// batch number.
+type Outcomes = Vec<(u64, Result<pb::AppendResponse, ApiError>)>;
+
+/// 48 two-record batches to one tablet at once, every 8th with a
+/// condition that cannot hold (a version no key has).
+async fn coalesce_round(r: &mut Running, ns: &str) -> Outcomes {
+    let t = r.route(ns, b"k0").await;
+    let mut tasks = Vec::new();
+    for n in 0..48u64 {
+        let mut client = r.client.clone();
+        let expect = (n % 8 == 7).then(|| pb::Condition {
+            key: b"k0".to_vec(),
+            version: Some(pb::Position {
+                tablet: t.id,
+                index: 1 << 40,
+                slot: 0,
+            }),
+        });
+        let req = pb::AppendRequest {
+            tablet: t.id,
+            generation: t.generation,
+            batch_id: (7_000 + u128::from(n)).to_be_bytes().to_vec(),
+            namespace: ns.into(),
+            records: (0..2u64)
+                .map(|i| pb::Record {
+                    key: format!("k{}", n % 5).into_bytes(),
+                    ts: n * 10 + i,
+                    value: format!("v{n}.{i}").into_bytes(),
+                    routing_key: Some(b"one tablet".to_vec()),
+                })
+                .collect(),
+            expect,
+        };
+        tasks.push(tokio::spawn(async move {
+            let r = client.append(req).await;
+            (n, r.map(|r| r.into_inner()).map_err(|s| ApiError::from_status(&s)))
+        }));
+    }
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_appends_to_a_tablet_share_an_entry_and_apply_once_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path());
+    o.initial_tablets = 1;
+    o.log_format = stele_proto::formats::LOG_MAX;
+    o.append_in_flight = 1;
+    let ns = "acme/coalesce";
+    let mut r = start(o.clone()).await;
+    let first = coalesce_round(&mut r, ns).await;
+    let mut by_index: std::collections::BTreeMap<u64, usize> = Default::default();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut applied = std::collections::BTreeMap::new();
+    for (n, outcome) in &first {
+        if n % 8 == 7 {
+            assert!(
+                matches!(outcome, Err(ApiError::ConditionFailed { actual: Some(_) })),
+                "batch {n}: {outcome:?}"
+            );
+            continue;
+        }
+        let resp = outcome.as_ref().unwrap_or_else(|e| panic!("batch {n}: {e}"));
+        assert!(!resp.duplicate, "batch {n}");
+        assert_eq!(resp.positions.len(), 2, "batch {n}");
+        *by_index.entry(resp.positions[0].index).or_default() += 1;
+        for p in &resp.positions {
+            assert!(
+                seen.insert((p.index, p.slot)),
+                "a position given twice: {p:?}"
+            );
+        }
+        // A batch's records sit in one entry, in order.
+        assert_eq!(resp.positions[0].index, resp.positions[1].index);
+        assert_eq!(resp.positions[0].slot + 1, resp.positions[1].slot);
+        applied.insert(*n, resp.positions.clone());
+    }
+    assert_eq!(applied.len(), 42);
+    let shared = by_index.values().filter(|c| **c > 1).count();
+    assert!(
+        shared > 0,
+        "nothing was coalesced: one entry per batch ({by_index:?})"
+    );
+    let rows = |rows: Vec<pb::Row>| -> Vec<(Vec<u8>, Vec<u8>)> {
+        let mut v: Vec<_> = rows.into_iter().map(|r| (r.key, r.value)).collect();
+        v.sort();
+        v
+    };
+    let mut want: Vec<(Vec<u8>, Vec<u8>)> = applied
+        .keys()
+        .flat_map(|n| {
+            (0..2).map(move |i| {
+                (
+                    format!("k{}", n % 5).into_bytes(),
+                    format!("v{n}.{i}").into_bytes(),
+                )
+            })
+        })
+        .collect();
+    want.sort();
+    assert_eq!(rows(r.scan(ns).await), want, "each applied batch once");
+
+    // Retried, each applied batch answers with its own positions, and
+    // the refused ones are refused again.
+    let check_retry = |round: Outcomes| {
+        for (n, outcome) in round {
+            match applied.get(&n) {
+                Some(positions) => {
+                    let resp = outcome.unwrap_or_else(|e| panic!("retry of {n}: {e}"));
+                    assert!(resp.duplicate, "retry of {n} applied again");
+                    assert_eq!(&resp.positions, positions, "retry of {n}");
+                }
+                None => assert!(
+                    matches!(outcome, Err(ApiError::ConditionFailed { .. })),
+                    "retry of {n}: {outcome:?}"
+                ),
+            }
+        }
+    };
+    check_retry(coalesce_round(&mut r, ns).await);
+    assert_eq!(rows(r.scan(ns).await), want);
+    r.stop().await;
+
+    // Replayed from the journal after a restart: the same rows, and the
+    // receipts still answer.
+    let mut r = start(o).await;
+    assert_eq!(rows(r.scan(ns).await), want, "rows after restart");
+    check_retry(coalesce_round(&mut r, ns).await);
+    r.stop().await;
+}

@@ -83,6 +83,13 @@ pub enum SealReason {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TabletCommand {
     Append(AppendBatch),
+    /// Concurrent batches to one tablet that its leader coalesced into one
+    /// entry (log format 2, `formats::LOG`). Each is applied on its own, in
+    /// order, as an `Append` would be: its own receipt, condition and
+    /// rejection, and one response each. The slots of a batch's positions
+    /// continue from the previous batch's (applied or not), so every
+    /// record of the entry has its own position.
+    AppendMany(Vec<AppendBatch>),
     /// Seals every memtable row applied before this entry into one segment.
     /// Every replica seals at the same log index, so every replica builds the
     /// same segment bytes. `format` is the segment format version to write
@@ -185,6 +192,8 @@ pub enum TabletResponse {
     Sealed,
     /// Membership and blank entries.
     None,
+    /// The responses of an `AppendMany`'s batches, in order.
+    Many(Vec<TabletResponse>),
 }
 
 impl std::fmt::Display for TabletCommand {
@@ -197,6 +206,12 @@ impl std::fmt::Display for TabletCommand {
                 b.namespace,
                 b.batch_id[0],
                 b.batch_id[1]
+            ),
+            TabletCommand::AppendMany(batches) => write!(
+                f,
+                "AppendMany({} batches, {} records)",
+                batches.len(),
+                batches.iter().map(|b| b.records.len()).sum::<usize>()
             ),
             TabletCommand::Seal { reason, format } => {
                 write!(f, "Seal({reason:?}, segment format {format})")

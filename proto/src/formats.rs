@@ -26,8 +26,21 @@ pub const TOKEN: &str = "token";
 /// The newest token format this build knows.
 pub const TOKEN_MAX: u32 = 2;
 
+/// Tablet log entries (FORMAT.md section 4): version 2 adds
+/// `AppendMany`, one entry for the concurrent batches a leader coalesced.
+/// A binary that knows only version 1 cannot decode such an entry.
+pub const LOG: &str = "log";
+/// The newest log format this build writes.
+pub const LOG_MAX: u32 = 2;
+/// The log format from which leaders write `AppendMany`.
+pub const LOG_APPEND_MANY: u32 = 2;
+
 /// Every gated format this build knows, with the newest version of each.
-pub const SUPPORTED: &[(&str, u32)] = &[(SEGMENT, SEGMENT_MAX), (TOKEN, TOKEN_MAX)];
+pub const SUPPORTED: &[(&str, u32)] = &[
+    (LOG, LOG_MAX),
+    (SEGMENT, SEGMENT_MAX),
+    (TOKEN, TOKEN_MAX),
+];
 
 /// The version of every format before anything is enabled, and of every
 /// format a member does not report.

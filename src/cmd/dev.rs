@@ -72,6 +72,11 @@ pub async fn run(mut a: DevArgs) -> anyhow::Result<()> {
     );
     let bound = crate::http::spawn(&a.http_listen.into()).await?;
     println!("stele dev: HTTP status (/metrics, /healthz, /readyz) at http://{bound}");
+    // A one-node dev cell has nobody to stay compatible with: its leaders
+    // coalesce concurrent appends unless told otherwise.
+    a.tuning
+        .tablet_log_format
+        .get_or_insert(stele_proto::formats::LOG_MAX);
     let mut o = node_options(a.data_dir, 1, a.tablets, String::new(), &a.tuning);
     o.tier = a.tuning.cold.open()?;
     let listen = crate::addresses::Endpoint::new(crate::addresses::CLIENT, a.listen.into(), None)?;

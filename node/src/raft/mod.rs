@@ -6,6 +6,7 @@
 //! state_machine  openraft's state machine over tablet::apply; snapshots
 //! log_store      openraft's log over the node's journal
 //! replica        Replica (tablet + group) and the Raft operations services use
+//! coalesce       concurrent appends to one tablet as one entry (AppendMany)
 //! inbound        a Raft message from a peer, to the replica it names
 //! router         outgoing messages, batched per peer (network: none)
 //! pacer          heartbeats and campaigns of every group, from one task
@@ -16,6 +17,7 @@
 //! openraft type. (The tablet keeps the log ids and memberships it applied
 //! as the opaque aliases below.)
 
+pub mod coalesce;
 pub mod inbound;
 pub mod log_store;
 pub mod membership;

@@ -9,10 +9,11 @@ use std::time::Duration;
 use openraft::Instant as _;
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::impls::BasicNode;
-use stele_proto::command::{TabletCommand, TabletResponse};
+use stele_proto::command::{AppendBatch, TabletCommand, TabletResponse};
 use tracing::Instrument;
 
 use super::TabletRaft;
+use super::coalesce::{Coalescer, Limits, Proposer};
 use super::log_store::LogStore;
 use super::pacer::Contact;
 use crate::tablet::Tablet;
@@ -25,10 +26,12 @@ pub struct Replica {
     pub log: LogStore,
     /// Last contact from a leader or candidate, for the pacer's campaigns.
     pub contact: Contact,
+    /// Concurrent appends waiting to share an entry (`raft::coalesce`).
+    coalescer: Arc<Coalescer>,
 }
 
 /// Why a proposal or a read barrier did not go through.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ProposeError {
     /// This replica does not lead its group (the caller redirects).
     #[error("tablet {tablet}: not the leader")]
@@ -70,6 +73,15 @@ impl Replica {
             replica_id,
             log,
             contact: Contact::default(),
+            coalescer: Default::default(),
+        }
+    }
+
+    fn proposer(&self) -> Proposer {
+        Proposer {
+            raft: self.raft.clone(),
+            tablet: self.tablet.id,
+            replica_id: self.replica_id,
         }
     }
 
@@ -142,27 +154,22 @@ impl Replica {
     }
 
     /// Proposes `cmd` and waits for it to be applied here.
-    /// Runs in a `propose` span (`crate::trace`) that records the log
-    /// index the command got.
     pub async fn propose(&self, cmd: TabletCommand) -> Result<TabletResponse, ProposeError> {
-        let tablet = self.tablet.id;
-        let span = tracing::debug_span!(
-            "propose",
-            tablet,
-            replica = self.replica_id,
-            index = tracing::field::Empty
-        );
-        match self.raft.client_write(cmd).instrument(span.clone()).await {
-            Ok(resp) => {
-                span.record("index", resp.log_id.index());
-                Ok(resp.data)
-            }
-            Err(e) if e.forward_to_leader().is_some() => Err(ProposeError::NotLeader { tablet }),
-            Err(e) => Err(ProposeError::Unavailable {
-                tablet,
-                reason: e.to_string(),
-            }),
-        }
+        propose_on(&self.proposer(), cmd).await
+    }
+
+    /// Proposes an append, coalesced with the appends to this tablet that
+    /// arrive while `limits.in_flight` proposals are out (one
+    /// `AppendMany` entry; `raft::coalesce`), and returns its own
+    /// response. Only for a cell whose log format is 2 or more.
+    pub async fn append_coalesced(
+        &self,
+        batch: AppendBatch,
+        limits: Limits,
+    ) -> Result<TabletResponse, ProposeError> {
+        self.coalescer
+            .append(&self.proposer(), batch, limits)
+            .await
     }
 
     /// A linearizable read barrier (read index): once it returns, this
@@ -260,6 +267,30 @@ impl Replica {
         if waited.is_ok() {
             let _ = self.raft.trigger().purge_log(checkpoint).await;
         }
+    }
+}
+
+/// Proposes `cmd` on `p`'s group and waits for it to be applied there.
+/// Runs in a `propose` span (`crate::trace`) that records the log index
+/// the command got.
+pub async fn propose_on(p: &Proposer, cmd: TabletCommand) -> Result<TabletResponse, ProposeError> {
+    let tablet = p.tablet;
+    let span = tracing::debug_span!(
+        "propose",
+        tablet,
+        replica = p.replica_id,
+        index = tracing::field::Empty
+    );
+    match p.raft.client_write(cmd).instrument(span.clone()).await {
+        Ok(resp) => {
+            span.record("index", resp.log_id.index());
+            Ok(resp.data)
+        }
+        Err(e) if e.forward_to_leader().is_some() => Err(ProposeError::NotLeader { tablet }),
+        Err(e) => Err(ProposeError::Unavailable {
+            tablet,
+            reason: e.to_string(),
+        }),
     }
 }
 

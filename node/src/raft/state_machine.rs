@@ -288,11 +288,21 @@ impl RaftStateMachine<TabletConfig> for StateMachine {
                 && !span.is_disabled()
             {
                 span.record("command", crate::trace::command_name(cmd));
-                if let TabletCommand::Append(b) = cmd {
-                    span.record(
-                        "batch",
-                        tracing::field::display(crate::trace::Batch::of_halves(b.batch_id)),
-                    );
+                match cmd {
+                    TabletCommand::Append(b) => {
+                        span.record(
+                            "batch",
+                            tracing::field::display(crate::trace::Batch::of_halves(b.batch_id)),
+                        );
+                    }
+                    TabletCommand::AppendMany(batches) => {
+                        let ids: Vec<String> = batches
+                            .iter()
+                            .map(|b| crate::trace::Batch::of_halves(b.batch_id).to_string())
+                            .collect();
+                        span.record("batch", ids.join(","));
+                    }
+                    _ => {}
                 }
             }
             let (response, seal) = span.in_scope(|| {

@@ -264,10 +264,18 @@ impl DataService {
         self.node.check_namespace(&req.namespace).await?;
         let (r, batch) = self.admit(req)?;
         span.record("replica", r.replica_id);
-        let resp = r
-            .propose(TabletCommand::Append(batch))
-            .await
-            .map_err(|e| self.propose_error(&r, e))?;
+        let resp = if self.node.replicas.log_format() >= stele_proto::formats::LOG_APPEND_MANY {
+            let opts = &self.node.options;
+            let limits = crate::raft::coalesce::Limits {
+                in_flight: opts.append_in_flight,
+                bytes: opts.batch_bytes_max
+                    + opts.batch_records_max * crate::raft::coalesce::RECORD_OVERHEAD,
+            };
+            r.append_coalesced(batch, limits).await
+        } else {
+            r.propose(TabletCommand::Append(batch)).await
+        }
+        .map_err(|e| self.propose_error(&r, e))?;
         match resp {
             TabletResponse::Appended {
                 positions,

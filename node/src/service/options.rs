@@ -64,6 +64,9 @@ pub struct DataOptions {
     pub value_bytes_max: usize,
     pub batch_bytes_max: usize,
     pub batch_records_max: usize,
+    /// Proposals of one tablet out at a time before appends share an
+    /// entry (`NodeOptions::append_in_flight`).
+    pub append_in_flight: usize,
     /// Refuse appends with `StorageFull` when free space falls below this.
     pub disk_reserve_bytes: u64,
     pub peer_filter: Arc<PeerFilter>,

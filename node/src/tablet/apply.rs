@@ -105,7 +105,19 @@ pub fn apply(
 ) -> Applied {
     let index = log_id.index();
     match cmd {
-        TabletCommand::Append(batch) => Applied::only(apply_batch(tablet, data, index, batch)),
+        TabletCommand::Append(batch) => Applied::only(apply_batch(tablet, data, index, 0, batch)),
+        TabletCommand::AppendMany(batches) => {
+            // Each batch on its own, in order; slots go on across batches
+            // whether a batch applied or not, so a batch's positions
+            // depend only on the entry, never on what was applied before.
+            let mut first_slot = 0u32;
+            let mut responses = Vec::with_capacity(batches.len());
+            for batch in batches {
+                responses.push(apply_batch(tablet, data, index, first_slot, batch));
+                first_slot = first_slot.saturating_add(batch.records.len() as u32);
+            }
+            Applied::only(TabletResponse::Many(responses))
+        }
         TabletCommand::Uploaded {
             segment,
             bytes,
@@ -351,10 +363,14 @@ fn merge(
     freeze(tablet, data, log_id, Change::Merge(m, merged), 0);
 }
 
+/// Applies one batch of an entry at `index`, its records taking slots
+/// from `first_slot` on (0 for an `Append`; an `AppendMany` numbers its
+/// batches' records in one run).
 pub(crate) fn apply_batch(
     tablet: &Tablet,
     data: &mut TabletData,
     index: u64,
+    first_slot: u32,
     batch: &AppendBatch,
 ) -> TabletResponse {
     data.clock_us = data.clock_us.max(batch.proposed_at_us);
@@ -411,8 +427,8 @@ pub(crate) fn apply_batch(
         }
     }
     let mut positions = Vec::with_capacity(batch.records.len());
-    for (slot, r) in batch.records.iter().enumerate() {
-        let slot = slot as u32;
+    for (n, r) in batch.records.iter().enumerate() {
+        let slot = first_slot + n as u32;
         data.memtable.insert_in(
             &batch.namespace,
             r.key.clone(),

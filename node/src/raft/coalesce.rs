@@ -1,0 +1,235 @@
+//! Coalescing a leader's concurrent appends to one tablet into one Raft
+//! entry (`TabletCommand::AppendMany`, log format 2).
+//!
+//! Each entry costs the same fixed work whatever it carries: a proposal
+//! through openraft's core, a journal frame, an apply, a replication
+//! message to each follower and its acknowledgement. Under many concurrent
+//! producers of small batches that fixed cost is most of the CPU, so the
+//! leader keeps at most `in_flight` proposals of a tablet out at a time
+//! and sends the appends that arrive meanwhile together, as one entry,
+//! when a proposal comes back. There is no timer: an append that finds a
+//! free slot is proposed at once, alone, as an `Append`; batching happens
+//! only when the tablet is already busy, and grows with the load.
+//!
+//! Every batch keeps its own receipt, condition and response (`apply`
+//! applies them one by one), so coalescing changes no client-visible
+//! outcome, only how many batches share a log index.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use stele_proto::command::{AppendBatch, TabletCommand, TabletResponse};
+use tokio::sync::oneshot;
+
+use super::TabletRaft;
+use super::replica::{ProposeError, propose_on};
+
+/// What one batch counts for against [`Limits::bytes`] besides its
+/// namespace, keys and values (its ids, condition and encoding; a test
+/// checks the encoding never takes more).
+pub const BATCH_OVERHEAD: usize = 160;
+/// What each record counts for besides its key and value.
+pub const RECORD_OVERHEAD: usize = 64;
+/// The most batches one entry carries.
+pub const BATCHES_MAX: usize = 1024;
+
+/// How far one tablet's appends are coalesced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Proposals of one tablet out at a time; appends beyond wait and go
+    /// together. At least 1.
+    pub in_flight: usize,
+    /// The most one entry carries, by [`cost`]: what a single largest
+    /// batch may cost, so a coalesced entry fits a journal frame whenever
+    /// a lone batch does. One batch alone is always taken, whatever it
+    /// costs.
+    pub bytes: usize,
+}
+
+/// What `batch` counts for against [`Limits::bytes`].
+pub fn cost(batch: &AppendBatch) -> usize {
+    BATCH_OVERHEAD
+        + batch.namespace.len()
+        + batch.expect.as_ref().map_or(0, |e| e.key.len())
+        + batch
+            .records
+            .iter()
+            .map(|r| r.key.len() + r.value.len() + RECORD_OVERHEAD)
+            .sum::<usize>()
+}
+
+/// What a proposal needs, owned, so a coalesced entry can be proposed by
+/// a task of its own after the request that opened the slot has gone.
+#[derive(Clone)]
+pub struct Proposer {
+    pub raft: TabletRaft,
+    pub tablet: u64,
+    pub replica_id: u64,
+}
+
+type Reply = oneshot::Sender<Result<TabletResponse, ProposeError>>;
+
+struct Waiting {
+    batch: AppendBatch,
+    cost: usize,
+    reply: Reply,
+}
+
+#[derive(Default)]
+struct State {
+    in_flight: usize,
+    waiting: VecDeque<Waiting>,
+}
+
+/// One tablet's coalescing state (a replica's; used while it leads).
+#[derive(Default)]
+pub struct Coalescer {
+    state: Mutex<State>,
+}
+
+impl Coalescer {
+    /// Proposes `batch`, alone at once when a slot is free, else with the
+    /// other appends waiting when a proposal comes back, and returns its
+    /// own response.
+    pub async fn append(
+        self: &Arc<Self>,
+        proposer: &Proposer,
+        batch: AppendBatch,
+        limits: Limits,
+    ) -> Result<TabletResponse, ProposeError> {
+        // Either the batch back, to propose now in a slot of its own, or
+        // the receiver of its response once it went with others.
+        let queued = {
+            let mut st = self.state.lock().expect("lock poisoned");
+            if st.in_flight < limits.in_flight.max(1) {
+                st.in_flight += 1;
+                Err(batch)
+            } else {
+                let (reply, rx) = oneshot::channel();
+                st.waiting.push_back(Waiting {
+                    cost: cost(&batch),
+                    batch,
+                    reply,
+                });
+                Ok(rx)
+            }
+        };
+        match queued {
+            Err(batch) => {
+                // Held across the proposal: dropped when it returns or
+                // when the request is cancelled, and then passes the slot
+                // on.
+                let _slot = Slot {
+                    coalescer: self.clone(),
+                    proposer: proposer.clone(),
+                    limits,
+                };
+                propose_on(proposer, TabletCommand::Append(batch)).await
+            }
+            Ok(rx) => rx.await.unwrap_or_else(|_| {
+                Err(ProposeError::Unavailable {
+                    tablet: proposer.tablet,
+                    reason: "the replica stopped before proposing the append".into(),
+                })
+            }),
+        }
+    }
+
+    /// The appends the next entry carries, in arrival order, or none (and
+    /// the slot given back) when nothing waits. Appends whose caller has
+    /// gone are dropped unproposed: nobody would learn the outcome, and a
+    /// retry of the batch is idempotent either way.
+    fn next(&self, limits: Limits) -> Vec<Waiting> {
+        let mut st = self.state.lock().expect("lock poisoned");
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
+        while let Some(w) = st.waiting.front() {
+            if w.reply.is_closed() {
+                st.waiting.pop_front();
+                continue;
+            }
+            if !out.is_empty() && (out.len() >= BATCHES_MAX || bytes + w.cost > limits.bytes) {
+                break;
+            }
+            bytes += w.cost;
+            out.extend(st.waiting.pop_front());
+        }
+        if out.is_empty() {
+            st.in_flight -= 1;
+        }
+        out
+    }
+
+    /// Appends waiting now (for status and tests).
+    pub fn waiting(&self) -> usize {
+        self.state.lock().expect("lock poisoned").waiting.len()
+    }
+}
+
+/// A proposal slot, held while its proposal is out; dropping it proposes
+/// what waits (in a task of its own) or frees the slot.
+struct Slot {
+    coalescer: Arc<Coalescer>,
+    proposer: Proposer,
+    limits: Limits,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let next = self.coalescer.next(self.limits);
+        if next.is_empty() {
+            return;
+        }
+        let slot = Slot {
+            coalescer: self.coalescer.clone(),
+            proposer: self.proposer.clone(),
+            limits: self.limits,
+        };
+        match tokio::runtime::Handle::try_current() {
+            // Outside a runtime (never in a serving node) the waiting
+            // appends fail as the replica stopping: `slot` drops with them
+            // and so goes on until nothing waits.
+            Err(_) => drop((slot, next)),
+            Ok(rt) => drop(rt.spawn(propose_waiting(slot, next))),
+        }
+    }
+}
+
+/// Proposes `next` as one entry and answers each append from its own
+/// response; `slot` passes on when done.
+async fn propose_waiting(slot: Slot, next: Vec<Waiting>) {
+    let (batches, replies): (Vec<AppendBatch>, Vec<Reply>) =
+        next.into_iter().map(|w| (w.batch, w.reply)).unzip();
+    let tablet = slot.proposer.tablet;
+    let cmd = if batches.len() == 1 {
+        TabletCommand::Append(batches.into_iter().next().expect("one batch"))
+    } else {
+        TabletCommand::AppendMany(batches)
+    };
+    let result = propose_on(&slot.proposer, cmd).await;
+    drop(slot);
+    match result {
+        Ok(TabletResponse::Many(responses)) if responses.len() == replies.len() => {
+            for (reply, response) in replies.into_iter().zip(responses) {
+                let _ = reply.send(Ok(response));
+            }
+        }
+        Ok(response) if replies.len() == 1 => {
+            let _ = replies.into_iter().next().expect("one reply").send(Ok(response));
+        }
+        Ok(other) => {
+            let e = ProposeError::Unavailable {
+                tablet,
+                reason: format!("unexpected apply result for coalesced appends: {other:?}"),
+            };
+            for reply in replies {
+                let _ = reply.send(Err(e.clone()));
+            }
+        }
+        Err(e) => {
+            for reply in replies {
+                let _ = reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
