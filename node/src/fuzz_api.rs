@@ -209,26 +209,35 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     );
     add("journal", "empty", journal_file(&[]));
 
-    let commands = [
-        TabletCommand::Append(AppendBatch {
-            namespace: "ns".into(),
-            batch_id: [1, 2],
-            records: vec![RecordIn {
-                key: b"k".to_vec(),
-                ts: 5,
-                value: b"v".to_vec(),
-                vshard: 9,
-            }],
-            expect: Some(Expect {
-                key: b"k".to_vec(),
-                version: Some(Pos {
-                    tablet: 1,
-                    index: 2,
-                    slot: 0,
-                }),
+    let batch = AppendBatch {
+        namespace: "ns".into(),
+        batch_id: [1, 2],
+        records: vec![RecordIn {
+            key: b"k".to_vec(),
+            ts: 5,
+            value: b"v".to_vec(),
+            vshard: 9,
+        }],
+        expect: Some(Expect {
+            key: b"k".to_vec(),
+            version: Some(Pos {
+                tablet: 1,
+                index: 2,
+                slot: 0,
             }),
-            proposed_at_us: 1_000,
         }),
+        proposed_at_us: 1_000,
+    };
+    let commands = [
+        TabletCommand::Append(batch.clone()),
+        TabletCommand::AppendMany(vec![
+            batch.clone(),
+            AppendBatch {
+                batch_id: [1, 3],
+                expect: None,
+                ..batch
+            },
+        ]),
         TabletCommand::Seal {
             reason: SealReason::Size,
             format: 2,

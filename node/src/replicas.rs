@@ -170,9 +170,7 @@ impl ReplicaSet {
         if !(BASELINE..=LOG_MAX).contains(&version) {
             return Err(stele_proto::Error::InvalidArgument {
                 field: "log format".into(),
-                reason: format!(
-                    "{version} is not one this build writes ({BASELINE}..={LOG_MAX})"
-                ),
+                reason: format!("{version} is not one this build writes ({BASELINE}..={LOG_MAX})"),
             }
             .into());
         }

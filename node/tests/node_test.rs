@@ -1479,7 +1479,11 @@ async fn coalesce_round(r: &mut Running, ns: &str) -> Outcomes {
         };
         tasks.push(tokio::spawn(async move {
             let r = client.append(req).await;
-            (n, r.map(|r| r.into_inner()).map_err(|s| ApiError::from_status(&s)))
+            (
+                n,
+                r.map(|r| r.into_inner())
+                    .map_err(|s| ApiError::from_status(&s)),
+            )
         }));
     }
     let mut out = Vec::new();
@@ -1510,7 +1514,9 @@ async fn concurrent_appends_to_a_tablet_share_an_entry_and_apply_once_each() {
             );
             continue;
         }
-        let resp = outcome.as_ref().unwrap_or_else(|e| panic!("batch {n}: {e}"));
+        let resp = outcome
+            .as_ref()
+            .unwrap_or_else(|e| panic!("batch {n}: {e}"));
         assert!(!resp.duplicate, "batch {n}");
         assert_eq!(resp.positions.len(), 2, "batch {n}");
         *by_index.entry(resp.positions[0].index).or_default() += 1;

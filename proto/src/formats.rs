@@ -36,11 +36,7 @@ pub const LOG_MAX: u32 = 2;
 pub const LOG_APPEND_MANY: u32 = 2;
 
 /// Every gated format this build knows, with the newest version of each.
-pub const SUPPORTED: &[(&str, u32)] = &[
-    (LOG, LOG_MAX),
-    (SEGMENT, SEGMENT_MAX),
-    (TOKEN, TOKEN_MAX),
-];
+pub const SUPPORTED: &[(&str, u32)] = &[(LOG, LOG_MAX), (SEGMENT, SEGMENT_MAX), (TOKEN, TOKEN_MAX)];
 
 /// The version of every format before anything is enabled, and of every
 /// format a member does not report.

@@ -27,7 +27,7 @@ use super::replica::{ProposeError, propose_on};
 /// What one batch counts for against [`Limits::bytes`] besides its
 /// namespace, keys and values (its ids, condition and encoding; a test
 /// checks the encoding never takes more).
-pub const BATCH_OVERHEAD: usize = 160;
+pub const BATCH_OVERHEAD: usize = 192;
 /// What each record counts for besides its key and value.
 pub const RECORD_OVERHEAD: usize = 64;
 /// The most batches one entry carries.
@@ -215,7 +215,11 @@ async fn propose_waiting(slot: Slot, next: Vec<Waiting>) {
             }
         }
         Ok(response) if replies.len() == 1 => {
-            let _ = replies.into_iter().next().expect("one reply").send(Ok(response));
+            let _ = replies
+                .into_iter()
+                .next()
+                .expect("one reply")
+                .send(Ok(response));
         }
         Ok(other) => {
             let e = ProposeError::Unavailable {
@@ -230,6 +234,55 @@ async fn propose_waiting(slot: Slot, next: Vec<Waiting>) {
             for reply in replies {
                 let _ = reply.send(Err(e.clone()));
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use stele_proto::command::{Expect, Pos, RecordIn};
+
+    use super::*;
+
+    /// The largest encoding each field can take: longest namespace, ids,
+    /// clocks and positions at their maximum, a condition on a long key.
+    fn widest(records: usize, key: usize, value: usize) -> AppendBatch {
+        AppendBatch {
+            namespace: ["n".repeat(64), "m".repeat(64), "o".repeat(64)].join("/"),
+            batch_id: [u64::MAX, u64::MAX],
+            records: (0..records)
+                .map(|_| RecordIn {
+                    key: vec![1; key],
+                    ts: u64::MAX,
+                    value: vec![2; value],
+                    vshard: u32::MAX,
+                })
+                .collect(),
+            expect: Some(Expect {
+                key: vec![3; 4096],
+                version: Some(Pos {
+                    tablet: u64::MAX,
+                    index: u64::MAX,
+                    slot: u32::MAX,
+                }),
+            }),
+            proposed_at_us: u64::MAX,
+        }
+    }
+
+    #[test]
+    fn an_entry_never_encodes_larger_than_its_cost() {
+        for (records, key, value) in [(1, 1, 0), (3, 1, 0), (1, 4096, 70_000), (50, 300, 5)] {
+            let batches: Vec<AppendBatch> = (0..BATCHES_MAX)
+                .map(|_| widest(records, key, value))
+                .take(if value > 1000 { 4 } else { BATCHES_MAX })
+                .collect();
+            let cost: usize = batches.iter().map(cost).sum();
+            let bytes = crate::raft::encode(&TabletCommand::AppendMany(batches)).len();
+            assert!(
+                bytes <= cost,
+                "{records} records of {key}+{value} bytes: {bytes} encoded > {cost}"
+            );
         }
     }
 }

@@ -55,10 +55,10 @@ struct LogRecordRef<'a> {
     entry: &'a Entry,
 }
 
-#[cfg(feature = "fuzz")]
+#[cfg(any(test, feature = "fuzz"))]
 impl LogRecord {
     /// A record of `cmd` at `index` in term 3, a seed for the fuzz target
-    /// (`fuzz_api`).
+    /// (`fuzz_api`) and the golden records (`raft::golden_test`).
     pub(crate) fn seed(index: u64, cmd: stele_proto::command::TabletCommand) -> Self {
         use openraft::vote::RaftLeaderIdExt;
         let leader = <TabletConfig as openraft::RaftTypeConfig>::LeaderId::new_committed(3, 1);

@@ -18,6 +18,8 @@
 //! as the opaque aliases below.)
 
 pub mod coalesce;
+#[cfg(test)]
+mod golden_test;
 pub mod inbound;
 pub mod log_store;
 pub mod membership;

@@ -167,9 +167,7 @@ impl Replica {
         batch: AppendBatch,
         limits: Limits,
     ) -> Result<TabletResponse, ProposeError> {
-        self.coalescer
-            .append(&self.proposer(), batch, limits)
-            .await
+        self.coalescer.append(&self.proposer(), batch, limits).await
     }
 
     /// A linearizable read barrier (read index): once it returns, this
