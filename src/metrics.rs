@@ -63,6 +63,12 @@ pub fn install() -> PrometheusHandle {
                 })
                 .and_then(|b| {
                     b.set_buckets_for_metric(
+                        Matcher::Full("stele_tablet_append_entry_batches".into()),
+                        RECORDS,
+                    )
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
                         Matcher::Full("stele_journal_group_bytes".into()),
                         BYTES,
                     )

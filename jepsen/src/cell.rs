@@ -364,6 +364,9 @@ impl Cell {
                 anyhow::ensure!(Instant::now() < deadline, "cell init: {failed}");
                 std::thread::sleep(Duration::from_millis(200));
             }
+            if cell.spec.old_bin.is_none() {
+                cell.enable_log_format(Instant::now() + Duration::from_secs(30))?;
+            }
         }
         Ok(cell)
     }
@@ -489,6 +492,33 @@ impl Cell {
 
     /// A `stele` CLI command as the runner's operator (its certificate
     /// when gRPC is TLS).
+    /// `stele cell formats enable log 2`, retried until `deadline`: it is
+    /// refused until every node has reported its build in a heartbeat.
+    fn enable_log_format(&self, deadline: Instant) -> anyhow::Result<()> {
+        loop {
+            let attempt = deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_secs(5));
+            let out = output_within(
+                self.operator_command()
+                    .args(["cell", "formats", "enable", "log", "2"])
+                    .args(["--controllers", &self.controller_endpoint()]),
+                attempt,
+            );
+            let failed = match out {
+                Ok(out) if out.status.success() => return Ok(()),
+                Ok(out) => String::from_utf8_lossy(&out.stderr).into_owned(),
+                Err(e) if e.is::<TimedOut>() => e.to_string(),
+                Err(e) => return Err(e),
+            };
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "cell formats enable log 2: {failed}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     fn operator_command(&self) -> Command {
         let mut cmd = Command::new(&self.spec.bin);
         if let Some(tls) = &self.tls {
@@ -629,6 +659,17 @@ impl Cell {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
+        if self.spec.old_bin.is_none() {
+            // Coalesced appends (log format 2), as many as possible per
+            // entry: one proposal of a tablet out at a time. A static
+            // cell sets its format here; a controlled one enables it
+            // after `cell init`. Not in an upgrade: a node on the older
+            // binary cannot read an `AppendMany`.
+            cmd.args(["--append-in-flight", "1"]);
+            if !self.spec.controlled {
+                cmd.args(["--tablet-log-format", "2"]);
+            }
+        }
         if self.spec.unsafe_local_reads {
             cmd.env("STELE_UNSAFE_LOCAL_READS", "1");
         }

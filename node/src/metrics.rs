@@ -43,6 +43,12 @@ pub fn record_append(elapsed: Duration, ok: bool, records: u64, bytes: u64) {
     }
 }
 
+/// One append entry proposed by a tablet leader, carrying `batches`
+/// batches (1: an `Append`; more: appends coalesced into an `AppendMany`).
+pub fn record_append_entry(batches: usize) {
+    histogram!("stele_tablet_append_entry_batches").record(batches as f64);
+}
+
 /// The read calls, the `kind` label of read latency.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReadKind {
@@ -110,6 +116,7 @@ pub fn register() {
         "stele_journal_fsync_seconds",
         "stele_journal_group_records",
         "stele_journal_group_bytes",
+        "stele_tablet_append_entry_batches",
         "stele_tablet_seal_seconds",
         "stele_tablet_compaction_seconds",
     ] {

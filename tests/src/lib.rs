@@ -290,7 +290,6 @@ pub fn walk(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// Bytes of the segment objects (`.seg`) under a `file://` bucket.
 /// (segment id, format version) of every published segment file under
 /// `dir` (the version is the prologue's, FORMAT.md section 5).
 pub fn segments(dir: &Path) -> std::collections::BTreeSet<(String, u32)> {
@@ -305,6 +304,13 @@ pub fn segments(dir: &Path) -> std::collections::BTreeSet<(String, u32)> {
         .collect()
 }
 
+/// The version of format `name` in a `formats` list of `stele cell
+/// formats --json` (the cell's, or one member's), if the list names it.
+pub fn format_version(formats: &serde_json::Value, name: &str) -> Option<u64> {
+    formats.as_array()?.iter().find(|f| f["name"] == name)?["version"].as_u64()
+}
+
+/// Bytes of the segment objects (`.seg`) under a `file://` bucket.
 pub fn bucket_segment_bytes(bucket: &Path) -> u64 {
     walk(bucket)
         .iter()
@@ -345,6 +351,15 @@ pub fn http_get(port: u16, path: &str) -> String {
     out.split_once("\r\n\r\n")
         .map(|(_, body)| body.to_string())
         .unwrap_or(out)
+}
+
+/// The value of one Prometheus series, `name{labels}` exactly as the
+/// exposition writes it (`stele_x_bucket{le="1"}`), if the body has it.
+pub fn series(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| {
+        let v = l.strip_prefix(series)?.strip_prefix(' ')?;
+        v.trim().parse().ok()
+    })
 }
 
 /// The value of Prometheus counter `name` with label `method="<method>"`

@@ -4,15 +4,17 @@
 //! controllers one at a time, then each node after `stele node
 //! restart-safe`; the mixed cell keeps serving; segment format 2 is
 //! refused until the last node runs the new binary, and no replica writes
-//! it before; then enabled, every replica writes it. At the end every
-//! acknowledged record is read back exactly once.
+//! it before; then enabled, every replica writes it. Then log format 2:
+//! concurrent appends coalesce into one entry, and a node restarted after
+//! replays a log of both formats. At the end every acknowledged record is
+//! read back exactly once.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use stele_tests::bench::{assert_verified, report, sigterm, start_bench};
 use stele_tests::controlled::ControlledCell;
-use stele_tests::segments;
+use stele_tests::{format_version, segments, series};
 
 fn old_bin() -> PathBuf {
     let p = std::env::var("STELE_OLD_BIN")
@@ -96,6 +98,7 @@ fn rolling_upgrade_from_the_previous_build_under_load() {
     }
     enable_refused(&cell, "node 1 runs");
 
+    let mut http_ports = Vec::new();
     // Then the nodes: restart-safe, stop, start the new binary, wait until
     // it reports the new build and every tablet has its voters again.
     for n in 1..=3 {
@@ -112,7 +115,15 @@ fn rolling_upgrade_from_the_previous_build_under_load() {
         let status = nodes.remove(&n).unwrap().terminate();
         eprintln!("node {n} (old) stopped: {status}");
         cell.binaries.remove(&format!("node{n}"));
-        nodes.insert(n, cell.start_node(n));
+        // The new build with metrics on, and one append entry in flight
+        // per tablet, so concurrent appends coalesce once log 2 is on.
+        let port = stele_tests::free_port_base(1);
+        let listen = format!("127.0.0.1:{port}");
+        http_ports.push(port);
+        nodes.insert(
+            n,
+            cell.start_node_with(n, &["--http-listen", &listen, "--append-in-flight", "1"]),
+        );
         wait_for(
             "node reports the new build",
             Duration::from_secs(30),
@@ -132,7 +143,7 @@ fn rolling_upgrade_from_the_previous_build_under_load() {
 
     // Every member upgraded: the format goes up, and new seals use it.
     let f: serde_json::Value = cell.json(&["cell", "formats", "enable", "segment", "2"]);
-    assert_eq!(f["formats"][0]["version"], 2, "{f}");
+    assert_eq!(format_version(&f["formats"], "segment"), Some(2), "{f}");
     wait_for(
         "a format 2 segment on every node",
         Duration::from_secs(30),
@@ -144,6 +155,38 @@ fn rolling_upgrade_from_the_previous_build_under_load() {
             })
         },
     );
+
+    // Then the log format: coalesced entries (AppendMany) from now on,
+    // next to the format 1 entries the old binary wrote. A burst of
+    // concurrent appends, each acknowledged one read back once; a node
+    // restarted after replays the mixed log.
+    let f: serde_json::Value = cell.json(&["cell", "formats", "enable", "log", "2"]);
+    assert_eq!(format_version(&f["formats"], "log"), Some(2), "{f}");
+    std::thread::sleep(Duration::from_secs(2));
+    let burst = report(start_bench(&cell.node_endpoint(2), "4s", 48));
+    assert_verified(&burst, "appends coalesced after log 2");
+    assert_eq!(burst["errors"], 0, "{burst}");
+    let coalesced: f64 = http_ports
+        .iter()
+        .map(|&p| {
+            let m = stele_tests::http_get(p, "/metrics");
+            let all = series(&m, "stele_tablet_append_entry_batches_count").unwrap_or(0.0);
+            let one =
+                series(&m, "stele_tablet_append_entry_batches_bucket{le=\"1\"}").unwrap_or(0.0);
+            all - one
+        })
+        .sum();
+    assert!(
+        coalesced > 0.0,
+        "no entry carried more than one batch after log 2 was enabled"
+    );
+    let (ok, out, err) = cell.cli(&["node", "restart-safe", "1", "--wait", "--timeout", "30s"]);
+    assert!(ok, "restart-safe 1: {out}{err}");
+    let status = nodes.remove(&1).unwrap().terminate();
+    eprintln!("node 1 stopped after log 2: {status}");
+    nodes.insert(1, cell.start_node(1));
+    cell.wait_settled(Duration::from_secs(60));
+
     sigterm(&load);
     let r = report(load);
     eprintln!("upgrade under load: {r}");

@@ -124,6 +124,7 @@ impl Coalescer {
                     proposer: proposer.clone(),
                     limits,
                 };
+                crate::metrics::record_append_entry(1);
                 propose_on(proposer, TabletCommand::Append(batch)).await
             }
             Ok(rx) => rx.await.unwrap_or_else(|_| {
@@ -201,6 +202,7 @@ async fn propose_waiting(slot: Slot, next: Vec<Waiting>) {
     let (batches, replies): (Vec<AppendBatch>, Vec<Reply>) =
         next.into_iter().map(|w| (w.batch, w.reply)).unzip();
     let tablet = slot.proposer.tablet;
+    crate::metrics::record_append_entry(batches.len());
     let cmd = if batches.len() == 1 {
         TabletCommand::Append(batches.into_iter().next().expect("one batch"))
     } else {
