@@ -364,7 +364,7 @@ impl Cell {
                 anyhow::ensure!(Instant::now() < deadline, "cell init: {failed}");
                 std::thread::sleep(Duration::from_millis(200));
             }
-            if cell.spec.old_bin.is_none() {
+            if cell.coalesces() {
                 cell.enable_log_format(Instant::now() + Duration::from_secs(30))?;
             }
         }
@@ -490,8 +490,6 @@ impl Cell {
         Ok(())
     }
 
-    /// A `stele` CLI command as the runner's operator (its certificate
-    /// when gRPC is TLS).
     /// `stele cell formats enable log 2`, retried until `deadline`: it is
     /// refused until every node has reported its build in a heartbeat.
     fn enable_log_format(&self, deadline: Instant) -> anyhow::Result<()> {
@@ -519,6 +517,16 @@ impl Cell {
         }
     }
 
+    /// Whether this cell's nodes coalesce appends (log format 2): not in
+    /// an upgrade (a node on the older binary cannot read an
+    /// `AppendMany`), and not in the stale-read negative control, which
+    /// log format 2 keeps from being caught (see docs/JEPSEN.md).
+    fn coalesces(&self) -> bool {
+        self.spec.old_bin.is_none() && !self.spec.unsafe_local_reads
+    }
+
+    /// A `stele` CLI command as the runner's operator (its certificate
+    /// when gRPC is TLS).
     fn operator_command(&self) -> Command {
         let mut cmd = Command::new(&self.spec.bin);
         if let Some(tls) = &self.tls {
@@ -659,12 +667,11 @@ impl Cell {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
-        if self.spec.old_bin.is_none() {
+        if self.coalesces() {
             // Coalesced appends (log format 2), as many as possible per
             // entry: one proposal of a tablet out at a time. A static
             // cell sets its format here; a controlled one enables it
-            // after `cell init`. Not in an upgrade: a node on the older
-            // binary cannot read an `AppendMany`.
+            // after `cell init`.
             cmd.args(["--append-in-flight", "1"]);
             if !self.spec.controlled {
                 cmd.args(["--tablet-log-format", "2"]);
