@@ -337,35 +337,18 @@ impl Cell {
         }
         if cell.spec.controlled {
             // Wait for the controller, then create the cell.
-            let deadline = Instant::now() + Duration::from_secs(30);
-            loop {
-                // Each attempt bounded by what is left of the wait (init is
-                // idempotent, so an attempt cut off is simply retried).
-                let attempt = deadline
-                    .saturating_duration_since(Instant::now())
-                    .max(Duration::from_secs(5));
-                let out = output_within(
-                    cell.operator_command()
-                        .args(["cell", "init", "--controllers", &cell.controller_endpoint()])
-                        .args([
-                            "--tablets",
-                            &cell.spec.tablets.to_string(),
-                            "--replication",
-                            "3",
-                        ]),
-                    attempt,
-                );
-                let failed = match out {
-                    Ok(out) if out.status.success() => break,
-                    Ok(out) => String::from_utf8_lossy(&out.stderr).into_owned(),
-                    Err(e) if e.is::<TimedOut>() => e.to_string(),
-                    Err(e) => return Err(e),
-                };
-                anyhow::ensure!(Instant::now() < deadline, "cell init: {failed}");
-                std::thread::sleep(Duration::from_millis(200));
-            }
+            let tablets = cell.spec.tablets.to_string();
+            cell.operator_until_ok(
+                &["cell", "init", "--tablets", &tablets, "--replication", "3"],
+                Instant::now() + Duration::from_secs(30),
+            )?;
             if cell.coalesces() {
-                cell.enable_log_format(Instant::now() + Duration::from_secs(30))?;
+                // Refused until every node has reported its build in a
+                // heartbeat.
+                cell.operator_until_ok(
+                    &["cell", "formats", "enable", "log", "2"],
+                    Instant::now() + Duration::from_secs(30),
+                )?;
             }
         }
         Ok(cell)
@@ -490,16 +473,18 @@ impl Cell {
         Ok(())
     }
 
-    /// `stele cell formats enable log 2`, retried until `deadline`: it is
-    /// refused until every node has reported its build in a heartbeat.
-    fn enable_log_format(&self, deadline: Instant) -> anyhow::Result<()> {
+    /// `stele ARGS --controllers ...` as the operator, retried until it
+    /// succeeds or `deadline` passes (each attempt bounded by what is left
+    /// of the wait, at least 5 s): for idempotent commands the cell may
+    /// refuse while it starts (`cell init`, `cell formats enable`).
+    fn operator_until_ok(&self, args: &[&str], deadline: Instant) -> anyhow::Result<()> {
         loop {
             let attempt = deadline
                 .saturating_duration_since(Instant::now())
                 .max(Duration::from_secs(5));
             let out = output_within(
                 self.operator_command()
-                    .args(["cell", "formats", "enable", "log", "2"])
+                    .args(args)
                     .args(["--controllers", &self.controller_endpoint()]),
                 attempt,
             );
@@ -511,7 +496,8 @@ impl Cell {
             };
             anyhow::ensure!(
                 Instant::now() < deadline,
-                "cell formats enable log 2: {failed}"
+                "stele {}: {failed}",
+                args.join(" ")
             );
             std::thread::sleep(Duration::from_millis(200));
         }
