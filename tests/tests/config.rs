@@ -142,6 +142,14 @@ fn unknown_keys_and_bad_values_are_refused_naming_the_key() {
             "key controllers: want a string or an integer, got a float",
         ),
         ("peers = [\"nope\"]\n", "key peers: invalid value \"nope\""),
+        (
+            "append_in_flight = 0\n",
+            "key append_in_flight: invalid value \"0\": 0 is not in 1..=1024",
+        ),
+        (
+            "tablet_log_format = 3\n",
+            "key tablet_log_format: invalid value \"3\": 3 is not in 1..=2",
+        ),
     ];
     for (i, (line, want)) in cases.iter().enumerate() {
         let file = write(

@@ -87,6 +87,7 @@ fn formats_are_gated_until_every_member_supports_them() {
     for (args, want) in [
         (&["segment", "3"][..], "not a version this controller knows"),
         (&["segment", "0"][..], "not a version this controller knows"),
+        (&["log", "3"][..], "not a version this controller knows"),
         (&["journal", "2"][..], "no gated format"),
     ] {
         let mut a = vec!["cell", "formats", "enable"];
