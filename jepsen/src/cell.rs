@@ -505,10 +505,9 @@ impl Cell {
 
     /// Whether this cell's nodes coalesce appends (log format 2): not in
     /// an upgrade (a node on the older binary cannot read an
-    /// `AppendMany`), and not in the stale-read negative control, which
-    /// log format 2 keeps from being caught (see docs/JEPSEN.md).
+    /// `AppendMany`).
     fn coalesces(&self) -> bool {
-        self.spec.old_bin.is_none() && !self.spec.unsafe_local_reads
+        self.spec.old_bin.is_none()
     }
 
     /// A `stele` CLI command as the runner's operator (its certificate

@@ -469,6 +469,8 @@ impl Node {
                 batch_bytes_max: o.batch_bytes_max,
                 batch_records_max: o.batch_records_max,
                 append_in_flight: o.append_in_flight,
+                // A leader lease (`raft::coalesce`).
+                append_stall: Duration::from_millis(o.raft.election_timeout_ms),
                 disk_reserve_bytes: o.disk_reserve_bytes,
                 peer_filter: o.peer_filter.clone(),
                 tier: o.tier.clone(),

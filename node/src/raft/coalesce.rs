@@ -14,9 +14,20 @@
 //! Every batch keeps its own receipt, condition and response (`apply`
 //! applies them one by one), so coalescing changes no client-visible
 //! outcome, only how many batches share a log index.
+//!
+//! Nor may waiting change when an append is refused. openraft refuses a
+//! new write at once on a leader whose lease has lapsed (cut off from its
+//! followers), but a write it took before stays pending until the leader
+//! learns of its successor. Appends queued behind such a proposal would
+//! wait with it, for the whole partition, where without coalescing they
+//! would have been redirected. So when no proposal of the tablet has come
+//! back for [`Limits::stall`] (a leader lease), waiting appends and new
+//! ones are proposed alone, outside the in-flight bound, and openraft
+//! answers each as it would without coalescing.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use stele_proto::command::{AppendBatch, TabletCommand, TabletResponse};
 use tokio::sync::oneshot;
@@ -44,6 +55,9 @@ pub struct Limits {
     /// a lone batch does. One batch alone is always taken, whatever it
     /// costs.
     pub bytes: usize,
+    /// How long appends wait for a proposal to come back before they are
+    /// proposed alone (the leader lease: see the module comment).
+    pub stall: Duration,
 }
 
 /// What `batch` counts for against [`Limits::bytes`].
@@ -70,6 +84,8 @@ pub struct Proposer {
 type Reply = oneshot::Sender<Result<TabletResponse, ProposeError>>;
 
 struct Waiting {
+    /// Names it in the queue, to withdraw it when proposals stall.
+    id: u64,
     batch: AppendBatch,
     cost: usize,
     reply: Reply,
@@ -79,6 +95,46 @@ struct Waiting {
 struct State {
     in_flight: usize,
     waiting: VecDeque<Waiting>,
+    /// The last waiting append's id.
+    last_id: u64,
+    /// When a proposal last came back, or the first one went out after
+    /// none was out.
+    progress_at: Option<Instant>,
+    /// Proposals come back so far.
+    progress: u64,
+}
+
+impl State {
+    /// Whether proposals have been out for `stall` with none back.
+    fn stalled(&self, stall: Duration) -> bool {
+        self.in_flight > 0 && self.progress_at.is_some_and(|at| at.elapsed() >= stall)
+    }
+}
+
+/// What became of a waiting append when its wait ran out.
+enum Withdrawn {
+    /// Out of the queue, to be proposed alone.
+    Alone(AppendBatch),
+    /// Already taken into a proposal: its response will come.
+    Taken,
+    /// Still queued: a proposal came back (the progress count now), so
+    /// the wait starts again.
+    Moving(u64),
+}
+
+/// What `Coalescer::append` does with a batch.
+enum Admitted {
+    /// Proposed now in a slot of its own.
+    Slot(AppendBatch),
+    /// Proposed now alone, without a slot: proposals stalled.
+    Alone(AppendBatch),
+    /// Queued (its id, the progress count then): its response comes on
+    /// the receiver.
+    Queued(
+        u64,
+        u64,
+        oneshot::Receiver<Result<TabletResponse, ProposeError>>,
+    ),
 }
 
 /// One tablet's coalescing state (a replica's; used while it leads).
@@ -97,25 +153,31 @@ impl Coalescer {
         batch: AppendBatch,
         limits: Limits,
     ) -> Result<TabletResponse, ProposeError> {
-        // Either the batch back, to propose now in a slot of its own, or
-        // the receiver of its response once it went with others.
-        let queued = {
+        let admitted = {
             let mut st = self.state.lock().expect("lock poisoned");
             if st.in_flight < limits.in_flight.max(1) {
+                if st.in_flight == 0 {
+                    st.progress_at = Some(Instant::now());
+                }
                 st.in_flight += 1;
-                Err(batch)
+                Admitted::Slot(batch)
+            } else if st.stalled(limits.stall) {
+                Admitted::Alone(batch)
             } else {
                 let (reply, rx) = oneshot::channel();
+                st.last_id += 1;
+                let id = st.last_id;
                 st.waiting.push_back(Waiting {
+                    id,
                     cost: cost(&batch),
                     batch,
                     reply,
                 });
-                Ok(rx)
+                Admitted::Queued(id, st.progress, rx)
             }
         };
-        match queued {
-            Err(batch) => {
+        match admitted {
+            Admitted::Slot(batch) => {
                 // Held across the proposal: dropped when it returns or
                 // when the request is cancelled, and then passes the slot
                 // on.
@@ -124,15 +186,37 @@ impl Coalescer {
                     proposer: proposer.clone(),
                     limits,
                 };
-                crate::metrics::record_append_entry(1);
-                propose_on(proposer, TabletCommand::Append(batch)).await
+                propose_alone(proposer, batch).await
             }
-            Ok(rx) => rx.await.unwrap_or_else(|_| {
-                Err(ProposeError::Unavailable {
-                    tablet: proposer.tablet,
-                    reason: "the replica stopped before proposing the append".into(),
-                })
-            }),
+            Admitted::Alone(batch) => propose_alone(proposer, batch).await,
+            // Each round waits a whole `stall`: the append is withdrawn
+            // only when no proposal came back in all of it.
+            Admitted::Queued(id, mut seen, mut rx) => loop {
+                if let Ok(reply) = tokio::time::timeout(limits.stall, &mut rx).await {
+                    return answered(proposer.tablet, reply);
+                }
+                match self.withdraw(id, seen) {
+                    Withdrawn::Alone(batch) => return propose_alone(proposer, batch).await,
+                    Withdrawn::Taken => return answered(proposer.tablet, rx.await),
+                    Withdrawn::Moving(progress) => seen = progress,
+                }
+            },
+        }
+    }
+
+    /// Takes waiting append `id` out of the queue if no proposal came
+    /// back since the progress count was `seen`.
+    fn withdraw(&self, id: u64, seen: u64) -> Withdrawn {
+        let mut st = self.state.lock().expect("lock poisoned");
+        let Some(at) = st.waiting.iter().position(|w| w.id == id) else {
+            return Withdrawn::Taken;
+        };
+        if st.progress != seen {
+            return Withdrawn::Moving(st.progress);
+        }
+        match st.waiting.remove(at) {
+            Some(w) => Withdrawn::Alone(w.batch),
+            None => Withdrawn::Taken,
         }
     }
 
@@ -155,6 +239,8 @@ impl Coalescer {
             bytes += w.cost;
             out.extend(st.waiting.pop_front());
         }
+        st.progress_at = Some(Instant::now());
+        st.progress += 1;
         if out.is_empty() {
             st.in_flight -= 1;
         }
@@ -194,6 +280,28 @@ impl Drop for Slot {
             Ok(rt) => drop(rt.spawn(propose_waiting(slot, next))),
         }
     }
+}
+
+/// Proposes `batch` as an entry of its own.
+async fn propose_alone(
+    proposer: &Proposer,
+    batch: AppendBatch,
+) -> Result<TabletResponse, ProposeError> {
+    crate::metrics::record_append_entry(1);
+    propose_on(proposer, TabletCommand::Append(batch)).await
+}
+
+/// A queued append's response, or the replica stopping if it never came.
+fn answered(
+    tablet: u64,
+    reply: Result<Result<TabletResponse, ProposeError>, oneshot::error::RecvError>,
+) -> Result<TabletResponse, ProposeError> {
+    reply.unwrap_or_else(|_| {
+        Err(ProposeError::Unavailable {
+            tablet,
+            reason: "the replica stopped before proposing the append".into(),
+        })
+    })
 }
 
 /// Proposes `next` as one entry and answers each append from its own

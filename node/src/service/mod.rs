@@ -270,6 +270,7 @@ impl DataService {
                 in_flight: opts.append_in_flight,
                 bytes: opts.batch_bytes_max
                     + opts.batch_records_max * crate::raft::coalesce::RECORD_OVERHEAD,
+                stall: opts.append_stall,
             };
             r.append_coalesced(batch, limits).await
         } else {

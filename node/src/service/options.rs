@@ -67,6 +67,9 @@ pub struct DataOptions {
     /// Proposals of one tablet out at a time before appends share an
     /// entry (`NodeOptions::append_in_flight`).
     pub append_in_flight: usize,
+    /// How long appends wait on a tablet's proposals before they are
+    /// proposed alone (`raft::coalesce::Limits::stall`).
+    pub append_stall: Duration,
     /// Refuse appends with `StorageFull` when free space falls below this.
     pub disk_reserve_bytes: u64,
     pub peer_filter: Arc<PeerFilter>,
