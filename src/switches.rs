@@ -15,7 +15,7 @@
 
 /// Every switch, with what it does (docs/OPERATIONS.md, "Fail points and
 /// fault injection").
-pub const UNSAFE_SWITCHES: [(&str, &str); 4] = [
+pub const UNSAFE_SWITCHES: [(&str, &str); 5] = [
     (
         "STELE_FAILPOINTS",
         "journal fail points (EIO, a simulated disk size, skipped fsyncs)",
@@ -23,6 +23,10 @@ pub const UNSAFE_SWITCHES: [(&str, &str); 4] = [
     (
         "STELE_UNSAFE_LOCAL_READS",
         "linearizable reads without a read index (stale reads)",
+    ),
+    (
+        "STELE_UNSAFE_WAKE_READS",
+        "a leader that slept reads without a read index (stale reads)",
     ),
     (
         "STELE_UNSAFE_LEADER_RESTORE",
@@ -85,6 +89,12 @@ pub fn arm(o: &mut stele_node::NodeOptions) {
             "STELE_UNSAFE_LOCAL_READS=1: linearizable reads skip the read index; this node can serve stale reads (jepsen negative control only)"
         );
         o.unsafe_local_reads = true;
+    }
+    if std::env::var("STELE_UNSAFE_WAKE_READS").is_ok_and(|v| v == "1") {
+        tracing::error!(
+            "STELE_UNSAFE_WAKE_READS=1: a tablet leader that slept serves linearizable reads without a read index; this node can serve stale reads (jepsen negative control only)"
+        );
+        o.unsafe_wake_reads = true;
     }
     if std::env::var("STELE_UNSAFE_LEADER_RESTORE").is_ok_and(|v| v == "1") {
         tracing::error!(

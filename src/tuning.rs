@@ -53,6 +53,13 @@ pub struct Tuning {
     /// its leader for a random time in [T, 2T) campaigns; heartbeats every T/3.
     #[arg(long, default_value_t = 3000)]
     pub election_timeout_ms: u64,
+    /// A tablet with no request for this long, every voter holding its
+    /// whole log, stops heartbeating (hibernates) until the next request
+    /// or Raft message; its leader's node beats the followers' nodes
+    /// instead, once per heartbeat for all of its sleeping tablets. 0:
+    /// never.
+    #[arg(long, default_value_t = stele_node::raft::HIBERNATE_AFTER_MS)]
+    pub hibernate_after_ms: u64,
     /// Per-tablet series on /metrics (`stele_tablet_hot_*`) for this many
     /// of the tablets this node leads, the busiest since the previous
     /// scrape; 0: none. Bounds the series a scrape carries.
@@ -268,6 +275,7 @@ impl Tuning {
                 "--election-timeout-ms",
                 self.election_timeout_ms.to_string(),
             ),
+            ("--hibernate-after-ms", self.hibernate_after_ms.to_string()),
             (
                 "--metrics-hot-tablets",
                 self.metrics_hot_tablets.to_string(),
@@ -311,6 +319,7 @@ pub fn node_options(
     // One batch is one journal frame: size the frame limit from the batch.
     o.journal.frame_payload_bytes_max = t.batch_bytes_max + o.batch_records_max * 64 + 64 * 1024;
     o.raft = stele_node::raft::RaftTiming::for_election_timeout(t.election_timeout_ms);
+    o.raft.hibernate_after_ms = t.hibernate_after_ms;
     // Fail points and unsafe modes: only in a `fault-injection` build.
     crate::switches::arm(&mut o);
     o

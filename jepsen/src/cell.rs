@@ -35,6 +35,10 @@ pub struct CellSpec {
     /// The third negative control: a restarted tablet leader resumes its
     /// term without an election (openraft's leader restore).
     pub unsafe_leader_restore: bool,
+    /// The fourth negative control: a tablet leader that slept
+    /// (hibernation) serves reads without a read index until it loses
+    /// leadership, as if its sleep were a lease.
+    pub unsafe_wake_reads: bool,
     /// Disks of graded speed: node `n`'s journal holds every group
     /// `(nodes - n) * SYNC_DELAY_STEP_MS` before its fdatasync, so on most
     /// leaders a follower syncs first, and a power cut often finds a
@@ -667,6 +671,16 @@ impl Cell {
         }
         if self.spec.unsafe_leader_restore {
             cmd.env("STELE_UNSAFE_LEADER_RESTORE", "1");
+        }
+        if self.spec.unsafe_wake_reads {
+            cmd.env("STELE_UNSAFE_WAKE_READS", "1");
+        }
+        if !self.old.contains(&n) {
+            // Groups hibernate as soon as they are quiet at a heartbeat
+            // round, so every run puts tablets to sleep and wakes them
+            // under its faults (builds from before hibernation take no
+            // such flag).
+            cmd.args(["--hibernate-after-ms", "1"]);
         }
         // Every node records its synced journal lengths, for power cuts.
         let mut points = vec!["journal-sync-marks"];

@@ -77,6 +77,11 @@ enum Cmd {
         /// replicas: lost appends, reads that are not prefixes).
         #[arg(long)]
         unsafe_leader_restore: bool,
+        /// Negative control: a tablet leader that slept (hibernation)
+        /// serves reads without a read index until it loses leadership
+        /// (`partition-leader` must then find stale reads).
+        #[arg(long)]
+        unsafe_wake_reads: bool,
         /// Four nodes placed by a controller (needed for `churn`).
         #[arg(long)]
         controlled: bool,
@@ -190,6 +195,7 @@ fn main() -> std::process::ExitCode {
                 unsafe_local_reads,
                 unsafe_skip_fsync,
                 unsafe_leader_restore,
+                unsafe_wake_reads,
                 controlled,
                 workload,
                 cold,
@@ -226,6 +232,7 @@ fn main() -> std::process::ExitCode {
                         (unsafe_local_reads, "-unsafe"),
                         (unsafe_skip_fsync, "-unsafe-fsync"),
                         (unsafe_leader_restore, "-unsafe-restore"),
+                        (unsafe_wake_reads, "-unsafe-wake"),
                     ]
                     .iter()
                     .filter(|(on, _)| *on)
@@ -245,6 +252,7 @@ fn main() -> std::process::ExitCode {
                     unsafe_local_reads,
                     unsafe_skip_fsync,
                     unsafe_leader_restore,
+                    unsafe_wake_reads,
                     controlled,
                     netns,
                     workload,
@@ -390,6 +398,7 @@ fn main() -> std::process::ExitCode {
                         unsafe_local_reads: unsafe_reads && name == "negative-control",
                         unsafe_skip_fsync: unsafe_reads && name == "negative-control-fsync",
                         unsafe_leader_restore: unsafe_reads && name == "negative-control-restore",
+                        unsafe_wake_reads: unsafe_reads && name == "negative-control-wake",
                         controlled,
                         netns,
                         workload: match name {

@@ -207,6 +207,10 @@ pub struct RunOptions {
     /// without an election (caught by `power-cut`, whose slow node makes
     /// a leader lose a tail its followers hold).
     pub unsafe_leader_restore: bool,
+    /// Negative control: a tablet leader that slept serves reads without
+    /// a read index until it loses leadership (caught by a partition of
+    /// the leader).
+    pub unsafe_wake_reads: bool,
     /// Four nodes placed by a controller instead of a static three-node
     /// cell (needed for `churn`).
     pub controlled: bool,
@@ -232,6 +236,7 @@ pub struct Results {
     pub unsafe_local_reads: bool,
     pub unsafe_skip_fsync: bool,
     pub unsafe_leader_restore: bool,
+    pub unsafe_wake_reads: bool,
     /// Each node's fsync delay in ms, node 1 first (runs with
     /// `power-cut` grade their disks; empty otherwise).
     pub sync_delay_ms: Vec<u64>,
@@ -1178,6 +1183,7 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         unsafe_local_reads: opts.unsafe_local_reads,
         unsafe_skip_fsync: opts.unsafe_skip_fsync,
         unsafe_leader_restore: opts.unsafe_leader_restore,
+        unsafe_wake_reads: opts.unsafe_wake_reads,
         // Under power cuts the disks differ in speed: a cut then often
         // finds a leader whose last groups a follower synced first.
         graded_fsync: opts.nemeses.contains(&Nemesis::PowerCut),
@@ -1324,6 +1330,7 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         unsafe_local_reads: opts.unsafe_local_reads,
         unsafe_skip_fsync: opts.unsafe_skip_fsync,
         unsafe_leader_restore: opts.unsafe_leader_restore,
+        unsafe_wake_reads: opts.unsafe_wake_reads,
         sync_delay_ms: if cell.spec.graded_fsync {
             (1..=cell.spec.nodes)
                 .map(|n| cell.sync_delay_ms(n))

@@ -208,6 +208,8 @@ impl Observer {
         counter!("stele_raft_campaigns_total").absolute(pacer.campaigns.load(Relaxed));
         counter!("stele_raft_heartbeat_rounds_total")
             .absolute(pacer.heartbeat_rounds.load(Relaxed));
+        counter!("stele_raft_group_sleeps_total").absolute(pacer.sleeps.load(Relaxed));
+        counter!("stele_raft_node_beats_total").absolute(pacer.beats.load(Relaxed));
         self.observe_replicas();
         observe_transport(node);
         observe_tier(node);
@@ -215,7 +217,7 @@ impl Observer {
 
     fn observe_replicas(&self) {
         let replicas = self.node.replicas();
-        let (mut led, mut behind_max, mut changes) = (0u64, 0u64, 0u64);
+        let (mut led, mut behind_max, mut changes, mut asleep) = (0u64, 0u64, 0u64, 0u64);
         let (mut records, mut seals, mut seal_failures, mut compactions, mut snapshots) =
             (0, 0, 0, 0, 0);
         // Per follower node: the most entries behind and the longest
@@ -247,6 +249,12 @@ impl Observer {
                 };
                 loads.insert(r.tablet.id, load);
             }
+            if r.hibernation.is_asleep() {
+                // A sleeping group's followers send no acknowledgements:
+                // they are not lagging (the group is quiet by definition).
+                asleep += 1;
+                continue;
+            }
             for (peer, entries, secs) in v.followers {
                 let e = lag.entry(peer).or_default();
                 e.0 = e.0.max(entries);
@@ -258,6 +266,7 @@ impl Observer {
         counter!("stele_raft_leader_changes_total").increment(changes);
         gauge!("stele_raft_tablets_hosted").set(replicas.len() as f64);
         gauge!("stele_raft_tablets_led").set(led as f64);
+        gauge!("stele_raft_replicas_asleep").set(asleep as f64);
         gauge!("stele_raft_applied_behind_committed_entries").set(behind_max as f64);
         let mut peers = self.peers.lock().expect("lock poisoned");
         for gone in peers.iter().filter(|p| !lag.contains_key(p)) {

@@ -94,6 +94,13 @@ pub struct NodeOptions {
     /// read index, no lease). A deposed leader then serves stale reads; the
     /// harness must catch them. Set only by `STELE_UNSAFE_LOCAL_READS=1`.
     pub unsafe_local_reads: bool,
+    /// NEGATIVE CONTROL FOR `jepsen/` ONLY: a leader that slept
+    /// (`raft::hibernate`) in its current leadership serves linearizable
+    /// reads from its local state, as if the sleep had kept its lease,
+    /// until it sees it no longer leads; a leader deposed in or after its
+    /// sleep then serves stale reads. Set only by
+    /// `STELE_UNSAFE_WAKE_READS=1`.
+    pub unsafe_wake_reads: bool,
     /// Unsafe, jepsen's negative control only: a restarted tablet leader
     /// resumes its term without an election (openraft's leader restore;
     /// `raft::tablet_config` says why that is unsafe). Set only by
@@ -146,6 +153,7 @@ impl NodeOptions {
             fail_points: Default::default(),
             controlled: false,
             unsafe_local_reads: false,
+            unsafe_wake_reads: false,
             unsafe_leader_restore: false,
             tier: None,
             directory: None,
@@ -287,6 +295,9 @@ impl Node {
     ) -> Result<Arc<Node>> {
         let source: Option<Arc<dyn SegmentSource>> =
             peers.clone().map(|p| Arc::new(p) as Arc<dyn SegmentSource>);
+        let sleeper: Option<Arc<dyn crate::raft::hibernate::Sleeper>> = peers
+            .clone()
+            .map(|p| Arc::new(p) as Arc<dyn crate::raft::hibernate::Sleeper>);
         let config = tablet_config(&options.raft, options.unsafe_leader_restore)?;
         let starter = RaftStarter::new(config, peers);
         let first_node = options
@@ -389,10 +400,17 @@ impl Node {
             options.peer_endpoints.clone(),
         ));
         let disk = Disk::new(options.data_dir.clone(), options.journal.faults.clone());
+        let liveness = Arc::new(crate::raft::hibernate::PeerLiveness::default());
+        let hibernate = sleeper.map(|sleeper| crate::raft::hibernate::Hibernate {
+            sleeper,
+            liveness: liveness.clone(),
+            after_ms: options.raft.hibernate_after_ms,
+        });
         let receiver = Arc::new(Receiver {
             replicas: replicas.clone(),
             inbound: Inbound::new(source, options.tier.clone(), stats.clone()),
             filter: options.peer_filter.clone(),
+            liveness,
         });
         let pacer_stats = Arc::new(PacerStats::default());
         let tasks = TaskTracker::new();
@@ -414,6 +432,7 @@ impl Node {
             },
             options.raft.clone(),
             pacer_stats.clone(),
+            hibernate,
             cancel.clone(),
         ));
         if let Some(tier) = options.tier.clone() {
@@ -465,6 +484,7 @@ impl Node {
                 node_id: o.node_id,
                 controlled: o.controlled,
                 unsafe_local_reads: o.unsafe_local_reads,
+                unsafe_wake_reads: o.unsafe_wake_reads,
                 value_bytes_max: o.value_bytes_max,
                 batch_bytes_max: o.batch_bytes_max,
                 batch_records_max: o.batch_records_max,

@@ -9,6 +9,7 @@ use std::sync::{Arc, OnceLock, Weak};
 
 use bytes::Bytes;
 
+use crate::raft::hibernate::{BEAT_GROUP, PeerLiveness};
 use crate::raft::inbound::Inbound;
 use crate::raft::router::{CallFuture, Lane, Peers};
 use crate::replicas::ReplicaSet;
@@ -54,6 +55,9 @@ pub struct Receiver {
     pub replicas: ReplicaSet,
     pub inbound: Inbound,
     pub filter: Arc<PeerFilter>,
+    /// When each peer node was last heard from (sleeping groups count
+    /// it as their leader's heartbeat).
+    pub liveness: Arc<PeerLiveness>,
 }
 
 impl Receiver {
@@ -106,6 +110,10 @@ impl Handler for RaftHandler {
                 return Err(RemoteError::Refused {
                     reason: PeerFilter::reason(from_node),
                 });
+            }
+            receiver.liveness.heard(from_node);
+            if req.group == BEAT_GROUP {
+                return Ok(Bytes::new());
             }
             let Some(r) = receiver.replicas.replica(req.group) else {
                 return Err(RemoteError::UnknownGroup { group: req.group });

@@ -113,6 +113,14 @@ impl Inbound {
             });
         }
         let rpc = router::decode_msg::<router::RaftRpc>("raft rpc", body);
+        if let Ok(router::RaftRpc::Sleep(req)) = &rpc {
+            let agreed = r.agree_to_sleep(req);
+            return Ok(router::encode_msg(router::RaftReply::Sleep(agreed)));
+        }
+        if rpc.is_ok() {
+            // Any other message for the group wakes it.
+            r.hibernation.wake();
+        }
         if matches!(
             &rpc,
             Ok(router::RaftRpc::Append(_)

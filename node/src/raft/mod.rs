@@ -20,6 +20,7 @@
 pub mod coalesce;
 #[cfg(test)]
 mod golden_test;
+pub mod hibernate;
 pub mod inbound;
 pub mod log_store;
 pub mod membership;
@@ -140,13 +141,21 @@ pub struct RaftTiming {
     /// `[T, 2T)` campaigns; a leader's lease (openraft's
     /// `election_timeout_max`) is `T`.
     pub election_timeout_ms: u64,
+    /// A group with no request for this long sleeps (`raft::hibernate`);
+    /// 0: never.
+    pub hibernate_after_ms: u64,
 }
+
+/// The default of [`RaftTiming::hibernate_after_ms`]: ten seconds with no
+/// request (ten default heartbeats).
+pub const HIBERNATE_AFTER_MS: u64 = 10_000;
 
 impl Default for RaftTiming {
     fn default() -> Self {
         RaftTiming {
             heartbeat_ms: 1000,
             election_timeout_ms: 3000,
+            hibernate_after_ms: HIBERNATE_AFTER_MS,
         }
     }
 }
@@ -160,6 +169,7 @@ impl RaftTiming {
         RaftTiming {
             heartbeat_ms: (election_timeout_ms / 3).max(20),
             election_timeout_ms,
+            hibernate_after_ms: HIBERNATE_AFTER_MS,
         }
     }
 }
@@ -298,6 +308,7 @@ mod tests {
             let t = RaftTiming {
                 heartbeat_ms,
                 election_timeout_ms,
+                ..RaftTiming::default()
             };
             assert!(tablet_config(&t, false).is_err(), "{t:?} accepted");
         }

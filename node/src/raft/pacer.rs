@@ -23,6 +23,11 @@
 //! `2T` plus one vote round (not `T` of lease plus a full timer, as with
 //! openraft's own tick). A campaign that does not produce a leader is
 //! retried after a random `[T/2, T)`.
+//!
+//! The pacer also runs hibernation (`raft::hibernate`): it asks the
+//! followers of an idle, quiet group to sleep, stops heartbeating a group
+//! that sleeps and beats each node that follows one instead, and counts a
+//! sleeping follower as contacted while it hears from its leader's node.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -33,10 +38,11 @@ use std::time::{Duration, Instant};
 use rand::Rng;
 use tokio_util::sync::CancellationToken;
 
+use super::hibernate::Hibernate;
 use super::{RaftTiming, Replica};
 
 /// Milliseconds since the process's pacer epoch.
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
     EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64
 }
@@ -75,6 +81,10 @@ struct Timer {
 pub struct PacerStats {
     pub heartbeat_rounds: AtomicU64,
     pub campaigns: AtomicU64,
+    /// Groups this node's leaders put to sleep.
+    pub sleeps: AtomicU64,
+    /// Node beats sent for sleeping groups.
+    pub beats: AtomicU64,
 }
 
 /// Runs until `cancel`, over the replicas `replicas` lists at each tick
@@ -83,6 +93,7 @@ pub async fn run(
     replicas: impl Fn() -> Vec<Arc<Replica>>,
     timing: RaftTiming,
     stats: Arc<PacerStats>,
+    hibernate: Option<Hibernate>,
     cancel: CancellationToken,
 ) {
     let hb = timing.heartbeat_ms.max(1);
@@ -102,6 +113,7 @@ pub async fn run(
             next_round_ms = now + hb;
         }
         let mut sent = false;
+        let mut beat_nodes = std::collections::BTreeSet::new();
         let replicas = replicas();
         if timers.len() > replicas.len() {
             // Replicas removed (moved away) leave no timer behind.
@@ -112,7 +124,13 @@ pub async fn run(
         for r in &replicas {
             let id = &r.tablet.id;
             let leading = r.is_leader();
-            let contact = r.contact.last_ms();
+            let mut contact = r.contact.last_ms();
+            if !leading
+                && let (Some(h), Some(node)) = (&hibernate, r.hibernation.follower_asleep_under())
+            {
+                // Asleep: hearing from the leader's node is contact.
+                contact = contact.max(h.liveness.last_heard(node).unwrap_or(0));
+            }
             let timer = timers.entry(*id).or_insert_with(|| Timer {
                 seen_ms: contact,
                 at_ms: campaign_at(contact, t),
@@ -120,11 +138,35 @@ pub async fn run(
             });
             if leading {
                 timer.leading = true;
+                if let Some(h) = &hibernate {
+                    if r.hibernation.leader_asleep() {
+                        if heartbeat_round {
+                            beat_nodes.extend(r.follower_nodes());
+                        }
+                        continue;
+                    }
+                    if heartbeat_round
+                        && h.after_ms > 0
+                        && r.hibernation.idle_ms(now) >= h.after_ms
+                        && ask_to_sleep(r, h, hb, &stats)
+                    {
+                        // No heartbeat while the followers are asked: it
+                        // would wake the ones that agreed.
+                        continue;
+                    }
+                    if r.hibernation.asking() {
+                        continue;
+                    }
+                }
                 if heartbeat_round {
                     let _ = r.raft.trigger().heartbeat().await;
                     sent = true;
                 }
                 continue;
+            }
+            if r.hibernation.slept_as_leader() {
+                // Stepped down (in its sleep or after).
+                r.hibernation.lost_leadership();
             }
             if timer.leading {
                 // Stepped down: someone else holds a newer term; give its
@@ -137,6 +179,7 @@ pub async fn run(
                 timer.at_ms = campaign_at(contact, t);
             }
             if now >= timer.at_ms {
+                r.hibernation.wake();
                 stats.campaigns.fetch_add(1, Ordering::Relaxed);
                 let _ = r.raft.trigger().elect(true).await;
                 timer.at_ms = now + rand::rng().random_range(t / 2..t);
@@ -145,10 +188,49 @@ pub async fn run(
         if sent {
             stats.heartbeat_rounds.fetch_add(1, Ordering::Relaxed);
         }
+        if let Some(h) = &hibernate {
+            for node in beat_nodes {
+                stats.beats.fetch_add(1, Ordering::Relaxed);
+                let sleeper = h.sleeper.clone();
+                tokio::spawn(async move { sleeper.beat(node).await });
+            }
+        }
     }
 }
 
 /// A random campaign deadline in `[contact + T, contact + 2T)`.
 fn campaign_at(contact_ms: u64, t: u64) -> u64 {
     contact_ms + t + rand::rng().random_range(0..t)
+}
+
+/// Asks the followers of `r`'s group to sleep if the group is quiet and
+/// no round is out yet (true if it asked); the group sleeps once every
+/// follower agreed within half a heartbeat interval and nothing happened
+/// to it meanwhile.
+fn ask_to_sleep(r: &Arc<Replica>, h: &Hibernate, hb_ms: u64, stats: &Arc<PacerStats>) -> bool {
+    let facts = r.group_facts();
+    let Some(req) = facts.sleep_request() else {
+        return false;
+    };
+    if !r.hibernation.begin_asking() {
+        return false;
+    }
+    let timeout = Duration::from_millis((hb_ms / 2).max(1));
+    let seen = r.hibernation.activity();
+    let (r, sleeper, stats) = (r.clone(), h.sleeper.clone(), stats.clone());
+    tokio::spawn(async move {
+        let asks = facts
+            .followers
+            .iter()
+            .map(|(follower, _)| sleeper.ask(r.tablet.id, *follower, req, timeout));
+        let agreed = futures::future::join_all(asks).await;
+        if agreed.iter().all(|a| *a)
+            && r.group_facts().sleep_request() == Some(req)
+            && r.hibernation.sleep_as_leader(seen)
+        {
+            stats.sleeps.fetch_add(1, Ordering::Relaxed);
+        }
+        r.hibernation.end_asking();
+    });
+    true
 }

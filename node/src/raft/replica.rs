@@ -14,6 +14,7 @@ use tracing::Instrument;
 
 use super::TabletRaft;
 use super::coalesce::{Coalescer, Limits, Proposer};
+use super::hibernate::{GroupFacts, Hibernation, SleepRequest};
 use super::log_store::LogStore;
 use super::pacer::Contact;
 use crate::tablet::Tablet;
@@ -26,6 +27,8 @@ pub struct Replica {
     pub log: LogStore,
     /// Last contact from a leader or candidate, for the pacer's campaigns.
     pub contact: Contact,
+    /// Whether the group sleeps (`raft::hibernate`), and its requests.
+    pub hibernation: Hibernation,
     /// Concurrent appends waiting to share an entry (`raft::coalesce`).
     coalescer: Arc<Coalescer>,
 }
@@ -73,6 +76,7 @@ impl Replica {
             replica_id,
             log,
             contact: Contact::default(),
+            hibernation: Hibernation::default(),
             coalescer: Default::default(),
         }
     }
@@ -153,8 +157,82 @@ impl Replica {
         }
     }
 
+    /// The group's facts for hibernation, from openraft's metrics.
+    pub fn group_facts(&self) -> GroupFacts {
+        let m = self.raft.metrics().borrow_watched().clone();
+        let index = |l: Option<&super::LogId>| l.map_or(0, |l| l.index());
+        let committed = index(m.local_committed.as_ref());
+        let membership = m.membership_config.membership();
+        let settled_membership = membership.get_joint_config().len() == 1
+            && membership.learner_ids().next().is_none()
+            && index(m.membership_config.log_id().as_ref()) <= committed;
+        let followers = if m.current_leader == Some(self.replica_id) {
+            membership
+                .voter_ids()
+                .filter(|v| *v != self.replica_id)
+                .map(|v| {
+                    let matched = m
+                        .replication
+                        .as_ref()
+                        .and_then(|r| r.get(&v).cloned().flatten())
+                        .map(|l| l.index());
+                    (v, matched)
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        GroupFacts {
+            me: self.replica_id,
+            leader: m.current_leader,
+            term: m.current_term,
+            last_log: m.last_log_index.unwrap_or(0),
+            committed,
+            applied: index(m.last_applied.as_ref()),
+            followers,
+            settled_membership,
+        }
+    }
+
+    /// The nodes of the group's other voters.
+    pub fn follower_nodes(&self) -> Vec<u64> {
+        let m = self.raft.metrics().borrow_watched().clone();
+        m.membership_config
+            .membership()
+            .voter_ids()
+            .filter(|v| *v != self.replica_id)
+            .map(super::router::node_of)
+            .collect()
+    }
+
+    /// A leader's request to sleep: agreed (and this replica sleeps) only
+    /// if it follows that leader in that term at the same log
+    /// ([`GroupFacts::agrees`]). Its data is then complete as of now.
+    pub fn agree_to_sleep(&self, req: &SleepRequest) -> bool {
+        if !self.group_facts().agrees(req) {
+            return false;
+        }
+        *self.tablet.leader_contact.lock().expect("lock poisoned") =
+            Some((std::time::Instant::now(), req.index));
+        self.hibernation
+            .sleep_as_follower(super::router::node_of(req.leader));
+        true
+    }
+
+    /// Records a request; a sleeping leader wakes with a read index first,
+    /// which heartbeats the group (waking its followers) and renews the
+    /// lease it needs to take writes.
+    async fn wake_for_request(&self) -> Result<(), ProposeError> {
+        self.hibernation.touch();
+        if self.hibernation.wake_leader() {
+            self.read_index_now().await?;
+        }
+        Ok(())
+    }
+
     /// Proposes `cmd` and waits for it to be applied here.
     pub async fn propose(&self, cmd: TabletCommand) -> Result<TabletResponse, ProposeError> {
+        self.wake_for_request().await?;
         propose_on(&self.proposer(), cmd).await
     }
 
@@ -167,12 +245,30 @@ impl Replica {
         batch: AppendBatch,
         limits: Limits,
     ) -> Result<TabletResponse, ProposeError> {
+        self.wake_for_request().await?;
         self.coalescer.append(&self.proposer(), batch, limits).await
     }
 
     /// A linearizable read barrier (read index): once it returns, this
     /// replica leads and has applied everything committed before the call.
     pub async fn read_index(&self) -> Result<(), ProposeError> {
+        self.hibernation.touch();
+        self.hibernation.wake_leader();
+        self.read_index_now().await
+    }
+
+    /// Reads of a leader that slept in its current leadership, served
+    /// from its state without a read index, as if the sleep had been a
+    /// lease: wrong (another leader may have been elected while it slept,
+    /// or since). Only for the jepsen negative control
+    /// (`STELE_UNSAFE_WAKE_READS`); true if the read may be served so.
+    pub fn unsafe_wake_read(&self) -> bool {
+        self.hibernation.touch();
+        self.hibernation.wake_leader();
+        self.hibernation.slept_as_leader() && self.is_leader()
+    }
+
+    async fn read_index_now(&self) -> Result<(), ProposeError> {
         let tablet = self.tablet.id;
         match self
             .raft

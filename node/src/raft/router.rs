@@ -125,6 +125,11 @@ pub enum RaftRpc {
         offset: u64,
         len: u32,
     },
+    /// A leader asks a follower of an idle group to stop expecting
+    /// heartbeats (`raft::hibernate`); answered by [`RaftReply::Sleep`].
+    /// A node built before hibernation cannot decode it and refuses, which
+    /// keeps the group awake.
+    Sleep(super::hibernate::SleepRequest),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -142,6 +147,8 @@ pub enum RaftReply {
     },
     /// The receiver could not hand the message to Raft.
     Refused(String),
+    /// Whether the follower agreed to sleep.
+    Sleep(bool),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -488,6 +495,8 @@ pub async fn dispatch(raft: &TabletRaft, segment_dir: &std::path::Path, body: &[
                 .and_then(|r| r)
                 .map_err(|e| e.to_string())
         }
+        // Answered by `Inbound::deliver`, which knows the replica.
+        RaftRpc::Sleep(_) => Ok(RaftReply::Sleep(false)),
     };
     encode_msg(reply.unwrap_or_else(RaftReply::Refused))
 }

@@ -313,6 +313,10 @@ impl DataService {
                     // Deliberately unsafe (jepsen negative control).
                     return Ok(());
                 }
+                if self.node.options.unsafe_wake_reads && r.unsafe_wake_read() {
+                    // Deliberately unsafe (jepsen negative control).
+                    return Ok(());
+                }
                 r.read_index().await.map_err(|e| self.propose_error(r, e))?;
                 Ok(())
             }
@@ -322,7 +326,10 @@ impl DataService {
                 }
                 // A follower's data is complete up to the commit index its
                 // leader sent in the last message it got; its age bounds
-                // the staleness, once that index is applied here.
+                // the staleness, once that index is applied here. A
+                // sleeping follower's data ages from its agreement to sleep
+                // (the leader's node beats say nothing about this group's
+                // log, so they never count as fresh data).
                 let contact = *r.tablet.leader_contact.lock().expect("lock poisoned");
                 let applied = r.tablet.read().applied_index();
                 let staleness_ms = match contact {

@@ -61,6 +61,8 @@ pub struct DataOptions {
     pub controlled: bool,
     /// Jepsen's negative control (`NodeOptions::unsafe_local_reads`).
     pub unsafe_local_reads: bool,
+    /// Jepsen's negative control (`NodeOptions::unsafe_wake_reads`).
+    pub unsafe_wake_reads: bool,
     pub value_bytes_max: usize,
     pub batch_bytes_max: usize,
     pub batch_records_max: usize,

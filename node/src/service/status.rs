@@ -12,7 +12,9 @@ pub(super) fn of(node: &DataParts) -> pb::StatusResponse {
     let js = node.journal.stats();
     let ts = node.endpoints.transport_stats();
     let (mut records, mut sealed, mut snapshots, mut compactions) = (0, 0, 0, 0);
+    let mut asleep = 0;
     for r in node.replicas.replicas() {
+        asleep += u64::from(r.hibernation.is_asleep());
         snapshots += r.tablet.stats.snapshots_installed.load(Relaxed);
         records += r.tablet.stats.records_applied.load(Relaxed);
         sealed += r.tablet.stats.seals_published.load(Relaxed);
@@ -51,6 +53,9 @@ pub(super) fn of(node: &DataParts) -> pb::StatusResponse {
         peer_control_batches: ts.as_ref().map_or(0, |t| t.control_batches),
         heartbeat_rounds: node.pacer_stats.heartbeat_rounds.load(Relaxed),
         campaigns: node.pacer_stats.campaigns.load(Relaxed),
+        replicas_asleep: asleep,
+        group_sleeps: node.pacer_stats.sleeps.load(Relaxed),
+        node_beats: node.pacer_stats.beats.load(Relaxed),
         peer_filter_blocked: node.options.peer_filter.blocked().into_iter().collect(),
         segments_fetched: node.stats.segments_fetched.load(Relaxed),
         snapshots_installed: snapshots,
