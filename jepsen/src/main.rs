@@ -340,6 +340,15 @@ fn main() -> std::process::ExitCode {
                     // Must be caught: a leader resuming its term after a
                     // power cut took a tail its followers hold.
                     ("negative-control-restore", vec![Nemesis::PowerCut], true, false, 22),
+                    // Must be caught: a leader woken from hibernation
+                    // serving reads without proving it still leads.
+                    (
+                        "negative-control-wake",
+                        vec![Nemesis::PartitionLeader],
+                        true,
+                        false,
+                        24,
+                    ),
                 ];
                 let unknown: Vec<&String> = only
                     .iter()

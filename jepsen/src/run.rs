@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -309,6 +310,10 @@ struct NemesisEvent {
 struct Recorder {
     started: Instant,
     events: Mutex<Vec<Event>>,
+    /// Set by the nemesis while it lets the cell go idle before a fault
+    /// (so the workload's tablets hibernate and the fault hits sleeping
+    /// groups); clients send nothing new while it is set.
+    quiet: AtomicBool,
 }
 
 impl Recorder {
@@ -325,6 +330,13 @@ impl Recorder {
             .take_while(|e| e.time_ns >= since_ns)
             .filter(|e| e.kind == Kind::Ok && matches!(e.op, Op::Append { .. }))
             .count()
+    }
+
+    /// Waits while the nemesis holds the clients quiet.
+    async fn hold(&self) {
+        while self.quiet.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     fn record(&self, process: u64, kind: Kind, op: Op, node: u64) {
@@ -482,6 +494,7 @@ async fn client_process(
     let mut client: Option<Client> = None;
     let mut next = 0u64;
     while Instant::now() < stop_at {
+        rec.hold().await;
         let Some(c) = endpoint.connected(&mut client).await else {
             continue;
         };
@@ -563,6 +576,7 @@ async fn register_process(
     // The value and version this process last read, by key.
     let mut seen: HashMap<String, (Option<u64>, Option<stele_client::Position>)> = HashMap::new();
     while Instant::now() < stop_at {
+        rec.hold().await;
         let Some(c) = endpoint.connected(&mut client).await else {
             continue;
         };
@@ -651,6 +665,7 @@ async fn set_process(
     let mut client: Option<Client> = None;
     let mut next = 0u64;
     while Instant::now() < stop_at {
+        rec.hold().await;
         let Some(c) = endpoint.connected(&mut client).await else {
             continue;
         };
@@ -730,6 +745,14 @@ async fn nemesis(
     tokio::time::sleep(Duration::from_millis(2 * t)).await;
     while !active.is_empty() && Instant::now() + Duration::from_millis(3 * t) < stop_at {
         let which = active[rng.random_range(0..active.len())];
+        if which == Nemesis::PartitionLeader {
+            // Cut off a sleeping leader: the clients pause for two
+            // election timeouts, long enough for the workload's tablets
+            // to hibernate, and come back once the leader is cut off, so
+            // their first requests wake it on the wrong side.
+            rec.quiet.store(true, Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(2 * t)).await;
+        }
         let victim = match which {
             Nemesis::PartitionLeader | Nemesis::KillLeader => {
                 cell.leader_of(ns_lo).await.unwrap_or(1)
@@ -870,6 +893,7 @@ async fn nemesis(
             }
             Nemesis::None | Nemesis::All => continue,
         };
+        rec.quiet.store(false, Ordering::Relaxed);
         faults += 1;
         log.push(NemesisEvent {
             time_ns: rec.now(),
@@ -1228,6 +1252,7 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let rec = Arc::new(Recorder {
+        quiet: AtomicBool::new(false),
         started: Instant::now(),
         events: Mutex::new(Vec::new()),
     });
