@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 
 const META: TableDefinition<&str, u32> = TableDefinition::new("meta");
 const TABLETS: TableDefinition<u64, &[u8]> = TableDefinition::new("tablets");
-const RAFT: TableDefinition<(u64, &str), &[u8]> = TableDefinition::new("raft");
+pub(crate) const RAFT: TableDefinition<(u64, &str), &[u8]> = TableDefinition::new("raft");
 const RECEIPTS: TableDefinition<(u64, &[u8]), &[u8]> = TableDefinition::new("receipts");
 /// Replica ids removed from this node (moved away): never served again.
 const TOMBSTONES: TableDefinition<u64, u64> = TableDefinition::new("tombstones");
@@ -220,6 +220,7 @@ pub struct ReceiptRow {
 pub struct Catalog {
     db: Arc<Database>,
     path: PathBuf,
+    votes: crate::catalog_group::GroupWriter,
 }
 
 /// Deletes a replica's rows (record, Raft state, receipts) and tombstones
@@ -293,9 +294,15 @@ impl Catalog {
             txn.open_table(RECEIPTS).map_err(|e| err(e.into()))?;
         }
         txn.commit().map_err(|e| err(e.into()))?;
-        Ok(Catalog {
-            db: Arc::new(db),
+        let db = Arc::new(db);
+        let votes = crate::catalog_group::GroupWriter::start(&db).map_err(|e| Error::Catalog {
             path: path.to_path_buf(),
+            reason: format!("starting its vote writer: {e}"),
+        })?;
+        Ok(Catalog {
+            db,
+            path: path.to_path_buf(),
+            votes,
         })
     }
 
@@ -473,6 +480,29 @@ impl Catalog {
                 .map_err(|e| err(e.into()))?;
         }
         txn.commit().map_err(|e| err(e.into()))
+    }
+
+    /// [`Catalog::put_raft`] in one transaction with every other value
+    /// waiting (group commit, on the catalog's own thread): for votes,
+    /// which a storm of elections writes by the thousand.
+    pub async fn put_raft_grouped(
+        &self,
+        tablet: u64,
+        name: &'static str,
+        value: Vec<u8>,
+    ) -> Result<()> {
+        self.votes
+            .put(tablet, name, value)
+            .await
+            .map_err(|reason| Error::Catalog {
+                path: self.path.clone(),
+                reason,
+            })
+    }
+
+    /// Transactions the vote writer committed (each for one or more votes).
+    pub fn vote_commits(&self) -> u64 {
+        self.votes.commits()
     }
 
     /// Deletes everything the catalog holds for a tablet replica (record,

@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod catalog;
+mod catalog_group;
 pub mod cert_request;
 pub mod certs;
 pub mod disk;

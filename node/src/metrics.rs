@@ -206,6 +206,8 @@ impl Observer {
             .absolute(stats.segments_fetched.load(Relaxed));
         let pacer = &node.pacer_stats;
         counter!("stele_raft_campaigns_total").absolute(pacer.campaigns.load(Relaxed));
+        counter!("stele_raft_campaigns_deferred_total")
+            .absolute(pacer.campaigns_deferred.load(Relaxed));
         counter!("stele_raft_heartbeat_rounds_total")
             .absolute(pacer.heartbeat_rounds.load(Relaxed));
         counter!("stele_raft_group_sleeps_total").absolute(pacer.sleeps.load(Relaxed));

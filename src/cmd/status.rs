@@ -53,6 +53,8 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
         ("snapshots_installed", s.snapshots_installed),
         ("heartbeat_rounds", s.heartbeat_rounds),
         ("campaigns", s.campaigns),
+        ("campaigns_deferred", s.campaigns_deferred),
+        ("tablets_led", s.tablets_led),
         ("replicas_asleep", s.replicas_asleep),
         ("group_sleeps", s.group_sleeps),
         ("node_beats", s.node_beats),

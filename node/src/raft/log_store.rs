@@ -358,9 +358,11 @@ impl RaftLogStorage<TabletConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> io::Result<()> {
-        // Durable before returning: redb commits with fsync.
+        // Durable before returning: redb commits with fsync, one commit
+        // for every vote waiting at the time (`catalog_group`).
         self.catalog
-            .put_raft(self.tablet, VOTE, &encode(vote))
+            .put_raft_grouped(self.tablet, VOTE, encode(vote))
+            .await
             .map_err(io_err)?;
         self.lock().vote = Some(*vote);
         Ok(())

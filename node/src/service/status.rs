@@ -12,9 +12,10 @@ pub(super) fn of(node: &DataParts) -> pb::StatusResponse {
     let js = node.journal.stats();
     let ts = node.endpoints.transport_stats();
     let (mut records, mut sealed, mut snapshots, mut compactions) = (0, 0, 0, 0);
-    let mut asleep = 0;
+    let (mut asleep, mut led) = (0, 0);
     for r in node.replicas.replicas() {
         asleep += u64::from(r.hibernation.is_asleep());
+        led += u64::from(r.is_leader());
         snapshots += r.tablet.stats.snapshots_installed.load(Relaxed);
         records += r.tablet.stats.records_applied.load(Relaxed);
         sealed += r.tablet.stats.seals_published.load(Relaxed);
@@ -56,6 +57,8 @@ pub(super) fn of(node: &DataParts) -> pb::StatusResponse {
         replicas_asleep: asleep,
         group_sleeps: node.pacer_stats.sleeps.load(Relaxed),
         node_beats: node.pacer_stats.beats.load(Relaxed),
+        tablets_led: led,
+        campaigns_deferred: node.pacer_stats.campaigns_deferred.load(Relaxed),
         peer_filter_blocked: node.options.peer_filter.blocked().into_iter().collect(),
         segments_fetched: node.stats.segments_fetched.load(Relaxed),
         snapshots_installed: snapshots,
