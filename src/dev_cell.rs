@@ -149,20 +149,30 @@ async fn wait_ready(controller: &str, tablets: u32) -> anyhow::Result<()> {
     }
 }
 
-/// Turns on the newest tablet log format (coalesced appends): every
-/// member of a dev cell runs this binary. Nothing when it is on already.
-async fn enable_log_format(controller: &str) -> anyhow::Result<()> {
+/// Turns on the newest tablet log format (coalesced appends) and delta
+/// heartbeats: every member of a dev cell runs this binary. Nothing for a
+/// format that is on already.
+async fn enable_formats(controller: &str) -> anyhow::Result<()> {
     let admin = stele_client::admin::Admin::new(vec![controller.to_string()])?;
-    let req = stele_proto::pb::EnableFormatRequest {
-        name: stele_proto::formats::LOG.into(),
-        version: stele_proto::formats::LOG_MAX,
-    };
-    admin
-        .call(|mut c| {
-            let req = req.clone();
-            async move { c.enable_format(req).await }
-        })
-        .await?;
+    for (name, version) in [
+        (stele_proto::formats::LOG, stele_proto::formats::LOG_MAX),
+        (
+            stele_proto::formats::HEARTBEAT,
+            stele_proto::formats::HEARTBEAT_MAX,
+        ),
+    ] {
+        let req = stele_proto::pb::EnableFormatRequest {
+            name: name.into(),
+            version,
+        };
+        admin
+            .call(|mut c| {
+                let req = req.clone();
+                async move { c.enable_format(req).await }
+            })
+            .await
+            .with_context(|| format!("enable {name} format {version}"))?;
+    }
     Ok(())
 }
 
@@ -397,8 +407,8 @@ pub async fn run(
                             failed = Some(e);
                             break;
                         }
-                        if let Err(e) = enable_log_format(&controller).await {
-                            failed = Some(e.context(format!("enable log format 2 in dev cell {id}")));
+                        if let Err(e) = enable_formats(&controller).await {
+                            failed = Some(e.context(format!("dev cell {id}")));
                             break;
                         }
                         registered.push((id.to_string(), controller));

@@ -12,6 +12,7 @@ use stele_proto::pb;
 use stele_quorum::refuse;
 use tonic::{Request, Response, Status};
 
+use crate::health::ReportUpdate;
 use crate::placement::{Cluster, NodeState, PlacementError};
 use crate::server::Controller;
 use crate::state::{
@@ -23,7 +24,8 @@ pub struct Api(pub(crate) Arc<Controller>);
 
 impl Api {
     /// A node's heartbeat: its lease renewed, its reports kept, its
-    /// registration updated; answered with what it must do.
+    /// registration updated; answered with what it must do (in full, or
+    /// only what changed when the node asks for that: [`crate::book`]).
     async fn handle_heartbeat(
         &self,
         request: Request<pb::HeartbeatRequest>,
@@ -37,9 +39,28 @@ impl Api {
         c.require_leader()?;
         crate::formats::admit(c, &reg)?;
         let now = Instant::now();
+        let update = ReportUpdate {
+            seq: req.report_seq,
+            base: req.report_base,
+            replicas: req.replicas,
+            gone: req.gone,
+        };
+        if update.base != 0 && c.quorum.state().format(stele_proto::formats::HEARTBEAT) < 2 {
+            return Err(refuse(
+                "report_base",
+                "delta reports before the cell's heartbeat format is 2",
+            ));
+        }
         {
             let mut h = c.health();
-            h.heartbeat(reg.id, req.replicas, now, c.opts.split.window);
+            if !h.heartbeat(reg.id, update, now, c.opts.split.window) {
+                crate::metrics::record_heartbeat_resync();
+                return Ok(Response::new(pb::HeartbeatResponse {
+                    node_state: String::new(),
+                    sync: Some(pb::HeartbeatSync::default()),
+                    ..Default::default()
+                }));
+            }
             if let Some(load) = &load {
                 h.record_load(reg.id, load, now);
             }
@@ -72,9 +93,54 @@ impl Api {
             }
             c.propose(Command::Register(rec.clone())).await?;
         }
-        let s = c.quorum.state();
         let node = rec.id;
-        let assignments = crate::orders::assignments(&s, &c.health(), node);
+        // Read before the state: the book's index is never newer than the
+        // state it was built from.
+        let (term, applied) = (c.quorum.term(), c.quorum.applied_index().unwrap_or(0));
+        let s = c.quorum.state();
+        let (assignments, peers, sync) = match req.assignments_held {
+            Some(held) => {
+                let answer = {
+                    let mut book = c.book(term);
+                    let book = book.get_or_insert_with(|| crate::book::Book::new(term));
+                    book.refresh(&s, applied, now);
+                    book.answer(node, held)
+                };
+                let unfreeze = {
+                    let h = c.health();
+                    h.reports
+                        .get(&node)
+                        .into_iter()
+                        .flat_map(|r| r.values())
+                        .filter(|r| r.leader && r.frozen)
+                        .filter(|r| {
+                            s.tablets
+                                .get(&r.tablet)
+                                .is_some_and(|t| crate::orders::unfreezes(&s, t, r))
+                        })
+                        .map(|r| r.tablet)
+                        .collect()
+                };
+                crate::metrics::record_heartbeat_answer(answer.delta);
+                let sync = pb::HeartbeatSync {
+                    generation: answer.generation,
+                    delta: answer.delta,
+                    removed: answer.removed,
+                    unfreeze,
+                    reports_acked: req.report_seq,
+                };
+                (
+                    answer.assignments,
+                    answer.peers.unwrap_or_default(),
+                    Some(sync),
+                )
+            }
+            None => (
+                crate::orders::assignments(&s, &c.health(), node),
+                crate::book::peers_of(&s),
+                None,
+            ),
+        };
         let retire = s
             .retired
             .get(&node)
@@ -87,16 +153,6 @@ impl Api {
                     .collect()
             })
             .unwrap_or_default();
-        let peers = s
-            .nodes
-            .values()
-            .filter(|n| n.admin != Admin::Decommissioned)
-            .map(|n| pb::PeerAddress {
-                node: n.id,
-                peer_endpoint: n.peer_endpoint.clone(),
-                client_endpoint: n.client_endpoint.clone(),
-            })
-            .collect();
         let node_state = s
             .nodes
             .get(&node)
@@ -109,6 +165,7 @@ impl Api {
             lease_ms: c.opts.lease.as_millis() as u64,
             formats: stele_proto::formats::to_pb(&s.formats),
             tokens: s.tokens.keys_pb(token_epoch),
+            sync,
         }))
     }
 }

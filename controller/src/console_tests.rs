@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use stele_proto::pb;
 
 use super::*;
+use crate::health::ReportUpdate;
 use crate::load::{SLOT, SLOTS_MAX};
 use crate::state::{Admin, CellConfig, Command, NodeRec, Reply};
 
@@ -80,7 +81,12 @@ fn beat_all(s: &CellState, h: &mut HealthView, now: Instant, silent: &[u64]) {
                 })
             })
             .collect();
-        h.heartbeat(*id, reports, now, Duration::from_secs(60));
+        h.heartbeat(
+            *id,
+            ReportUpdate::full(reports),
+            now,
+            Duration::from_secs(60),
+        );
     }
 }
 

@@ -22,8 +22,12 @@ pub struct HealthView {
     pub leading: Option<(u64, Instant)>,
     /// Each node's last heartbeat.
     pub seen: HashMap<u64, Instant>,
-    /// The replicas each node reported in its last heartbeat.
-    pub reports: HashMap<u64, Vec<pb::ReplicaReport>>,
+    /// The replicas each node reports, by tablet, as of its last
+    /// heartbeat (a delta heartbeat changes some of them).
+    pub reports: HashMap<u64, Reports>,
+    /// The heartbeat of each node whose reports `reports` holds (delta
+    /// heartbeats; 0 for a full one from an earlier node).
+    pub report_seqs: HashMap<u64, u64>,
     /// When each dead node was last declared (or found) dead.
     pub dead_since: HashMap<u64, Instant>,
     /// When this leader first saw each open intent.
@@ -45,6 +49,33 @@ pub struct HealthView {
     /// Each node's recent load (the console's charts), bounded per node
     /// ([`crate::load`]) and kept only for nodes the state names.
     pub node_loads: HashMap<u64, LoadRing>,
+}
+
+/// One node's replica reports, by tablet (a node holds at most one
+/// replica of a tablet).
+pub type Reports = BTreeMap<u64, pb::ReplicaReport>;
+
+/// What a heartbeat reports of a node's replicas.
+#[derive(Debug, Clone, Default)]
+pub struct ReportUpdate {
+    /// The heartbeat's number (0 from a node before delta heartbeats).
+    pub seq: u64,
+    /// 0: `replicas` is every replica the node holds; otherwise they are
+    /// the reports changed since heartbeat `base`, and `gone` the tablets
+    /// no longer held.
+    pub base: u64,
+    pub replicas: Vec<pb::ReplicaReport>,
+    pub gone: Vec<u64>,
+}
+
+impl ReportUpdate {
+    /// A full report (what nodes before delta heartbeats send).
+    pub fn full(replicas: Vec<pb::ReplicaReport>) -> ReportUpdate {
+        ReportUpdate {
+            replicas,
+            ..Default::default()
+        }
+    }
 }
 
 /// What a member runs: its binary version and the newest version of each
@@ -95,19 +126,46 @@ impl HealthView {
         self.leader_holds.get(&node).is_some_and(|&t| now < t)
     }
 
-    /// Records a heartbeat of `node` at `now`: its lease renews, its report
-    /// replaces the last one, and its leaders' load samples are kept for
-    /// `window`.
+    /// Records a heartbeat of `node` at `now`: its lease renews, its
+    /// report replaces the last one (or, a delta, changes it), and its
+    /// leaders' load samples are kept for `window`.
+    ///
+    /// A delta against reports this view does not hold (another base, or
+    /// none) is refused whole, lease and all: false, and the node is to
+    /// send its full report.
     pub fn heartbeat(
         &mut self,
         node: u64,
-        replicas: Vec<pb::ReplicaReport>,
+        update: ReportUpdate,
         now: Instant,
         window: Duration,
-    ) {
+    ) -> bool {
+        let ReportUpdate {
+            seq,
+            base,
+            replicas,
+            gone,
+        } = update;
+        if base != 0 {
+            if self.report_seqs.get(&node) != Some(&base) || !self.reports.contains_key(&node) {
+                return false;
+            }
+            let held = self.reports.entry(node).or_default();
+            for t in gone {
+                held.remove(&t);
+            }
+            for r in replicas {
+                held.insert(r.tablet, r);
+            }
+        } else {
+            self.reports
+                .insert(node, replicas.into_iter().map(|r| (r.tablet, r)).collect());
+        }
+        self.report_seqs.insert(node, seq);
         self.seen.insert(node, now);
         let at = self.load_clock(now, true);
-        for r in replicas.iter().filter(|r| r.leader) {
+        let held = self.reports.get(&node).into_iter().flat_map(|r| r.values());
+        for r in held.filter(|r| r.leader) {
             let sample = LoadSample {
                 at,
                 segment_bytes: r.segment_bytes,
@@ -118,8 +176,8 @@ impl HealthView {
                 load.push(sample, window);
             }
         }
-        self.reports.insert(node, replicas);
         self.dead_since.remove(&node);
+        true
     }
 
     /// Records the load a heartbeat of `node` reported at `now`.
@@ -187,6 +245,7 @@ impl HealthView {
             if self.lease_expired(n, now, lease) {
                 self.dead_since.insert(n.id, now);
                 self.reports.remove(&n.id);
+                self.report_seqs.remove(&n.id);
             }
         }
     }
@@ -309,7 +368,7 @@ impl HealthView {
     /// Where a split stands in the latest reports: whether some node holds
     /// the child, and whether some replica of the parent applied it.
     pub fn split_progress(&self, tablet: u64, child: u64, generation: u64) -> (bool, bool) {
-        let all = || self.reports.values().flat_map(|r| r.iter());
+        let all = || self.reports.values().flat_map(|r| r.values());
         let child_seen = all().any(|r| r.tablet == child);
         let applied =
             child_seen || all().any(|r| r.tablet == tablet && r.range_generation >= generation);
@@ -320,8 +379,8 @@ impl HealthView {
     pub fn replica_report(&self, tablet: u64, replica_id: u64) -> Option<&pb::ReplicaReport> {
         self.reports
             .get(&node_of(replica_id))?
-            .iter()
-            .find(|r| r.tablet == tablet && r.replica_id == replica_id)
+            .get(&tablet)
+            .filter(|r| r.replica_id == replica_id)
     }
 
     /// The replica of each tablet that leads, from the latest reports (the
@@ -329,7 +388,7 @@ impl HealthView {
     pub fn leaders(&self) -> HashMap<u64, pb::ReplicaReport> {
         let mut out: HashMap<u64, pb::ReplicaReport> = HashMap::new();
         for reports in self.reports.values() {
-            for r in reports.iter().filter(|r| r.leader) {
+            for r in reports.values().filter(|r| r.leader) {
                 match out.get(&r.tablet) {
                     Some(o) if o.term >= r.term => {}
                     _ => {

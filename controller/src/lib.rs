@@ -25,6 +25,7 @@
 pub mod api;
 pub mod autosplit;
 pub mod backup;
+pub mod book;
 pub mod console;
 mod driver;
 pub mod error;

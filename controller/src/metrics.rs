@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use ::metrics::{gauge, histogram};
+use ::metrics::{counter, gauge, histogram};
 
 use crate::server::Controller;
 use crate::state::{CellState, IntentKind, IntentState};
@@ -29,6 +29,22 @@ pub(crate) fn record_heartbeat(elapsed: Duration, ok: bool) {
         histogram!("stele_controller_heartbeat_seconds", "result" => "ok").record(elapsed);
     } else {
         histogram!("stele_controller_heartbeat_seconds", "result" => "error").record(elapsed);
+    }
+}
+
+/// A delta heartbeat refused: its base was not the reports this leader
+/// holds (the node sends its full reports at once).
+pub(crate) fn record_heartbeat_resync() {
+    counter!("stele_controller_heartbeat_resyncs_total").increment(1);
+}
+
+/// A heartbeat answered with only what changed for its node (`delta`),
+/// or with everything.
+pub(crate) fn record_heartbeat_answer(delta: bool) {
+    if delta {
+        counter!("stele_controller_heartbeat_answers_total", "kind" => "delta").increment(1);
+    } else {
+        counter!("stele_controller_heartbeat_answers_total", "kind" => "full").increment(1);
     }
 }
 
@@ -63,6 +79,10 @@ pub fn observe(c: &Controller) {
         let _ = histogram!("stele_controller_heartbeat_seconds", "result" => r);
     }
     let _ = histogram!("stele_controller_plan_seconds");
+    let _ = counter!("stele_controller_heartbeat_resyncs_total");
+    for k in ["delta", "full"] {
+        let _ = counter!("stele_controller_heartbeat_answers_total", "kind" => k);
+    }
     let s = c.quorum.state();
     gauge!("stele_controller_route_generation").set(s.route_generation as f64);
     gauge!("stele_controller_tablets").set(s.tablets.len() as f64);

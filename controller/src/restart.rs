@@ -22,6 +22,7 @@ use stele_quorum::refuse;
 use tonic::Status;
 
 use crate::api::intent_pb;
+use crate::health::Reports;
 use crate::placement::{NodeInfo, NodeState};
 use crate::server::Controller;
 use crate::state::{CellState, Command, Reply, node_of};
@@ -49,7 +50,7 @@ pub struct RestartPlan {
 pub fn plan(
     s: &CellState,
     nodes: &[NodeInfo],
-    reports: &HashMap<u64, Vec<pb::ReplicaReport>>,
+    reports: &HashMap<u64, Reports>,
     leaders: &HashMap<u64, pb::ReplicaReport>,
     held: &BTreeSet<u64>,
     node: u64,
@@ -118,8 +119,8 @@ pub fn plan(
             .filter_map(|r| {
                 reports
                     .get(&r.node)?
-                    .iter()
-                    .find(|x| x.tablet == t.id && x.replica_id == r.replica_id)
+                    .get(&t.id)
+                    .filter(|x| x.replica_id == r.replica_id)
                     .map(|x| {
                         let free = !held.contains(&r.node);
                         (free, x.applied_index, std::cmp::Reverse(r.node))

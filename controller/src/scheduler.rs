@@ -325,7 +325,7 @@ pub fn plan(s: &CellState, h: &HealthView, now: Instant, p: &Policy) -> Plan {
             continue;
         };
         for r in set {
-            if !reps.iter().any(|x| x.replica_id == r.replica_id) {
+            if !reps.values().any(|x| x.replica_id == r.replica_id) {
                 plan.propose(Command::Retired {
                     node: *node,
                     replica: *r,

@@ -9,6 +9,7 @@ use stele_proto::pb;
 
 use super::*;
 use crate::autosplit::SplitPolicy;
+use crate::health::ReportUpdate;
 use crate::state::{CellConfig, NodeRec, Reply};
 
 const TERM: u64 = 7;
@@ -165,8 +166,12 @@ impl Fx {
     fn beat(&mut self, node: u64, secs: u64) {
         let reports = self.reports_of(node);
         let now = self.at(secs);
-        self.h
-            .heartbeat(node, reports, now, Duration::from_secs(10));
+        self.h.heartbeat(
+            node,
+            ReportUpdate::full(reports),
+            now,
+            Duration::from_secs(10),
+        );
     }
 
     /// What `node` reports: each replica it holds; a tablet's first voter
@@ -203,7 +208,13 @@ impl Fx {
 
     /// Changes what the replicas of `tablet` on `node` report.
     fn report(&mut self, node: u64, tablet: u64, f: impl Fn(&mut pb::ReplicaReport)) {
-        for r in self.h.reports.get_mut(&node).into_iter().flatten() {
+        for r in self
+            .h
+            .reports
+            .get_mut(&node)
+            .into_iter()
+            .flat_map(|m| m.values_mut())
+        {
             if r.tablet == tablet {
                 f(r);
             }
@@ -465,7 +476,7 @@ fn splits_finish_when_the_child_is_reported_or_are_given_up() {
         .reports
         .get_mut(&2)
         .unwrap()
-        .push(child_report.clone());
+        .insert(child_report.tablet, child_report.clone());
     let mut applied = base.clone();
     applied.report(3, 1, |r| r.range_generation = generation);
     let mut given_up = base.clone();
@@ -476,7 +487,7 @@ fn splits_finish_when_the_child_is_reported_or_are_given_up() {
         .reports
         .get_mut(&2)
         .unwrap()
-        .push(child_report);
+        .insert(child_report.tablet, child_report);
     let cases: Vec<(&str, &Fx, u64, Vec<Command>)> = vec![
         ("nothing reported yet", &base, 5, vec![]),
         (
@@ -771,13 +782,16 @@ fn retired_replicas_are_forgotten_once_their_node_stops_reporting_them() {
     let id = fx.open(start_move(1, 3, 4, "operator"));
     fx.apply(Command::FinishMove { intent: id });
     fx.beat_all(1);
-    fx.h.reports.get_mut(&3).unwrap().push(pb::ReplicaReport {
-        tablet: 1,
-        replica_id: old.replica_id,
-        ..Default::default()
-    });
+    fx.h.reports.get_mut(&3).unwrap().insert(
+        1,
+        pb::ReplicaReport {
+            tablet: 1,
+            replica_id: old.replica_id,
+            ..Default::default()
+        },
+    );
     let mut gone = fx.clone();
-    gone.h.reports.insert(3, Vec::new());
+    gone.h.reports.insert(3, Default::default());
     let mut silent = fx.clone();
     silent.h.reports.remove(&3);
     let cases: Vec<(&str, &Fx, u64, Vec<Command>)> = vec![
@@ -946,7 +960,7 @@ fn load(fx: &mut Fx, bytes: u64, from: u64, to: u64) {
                 r.segment_bytes = bytes;
             }
             let now = fx.at(secs);
-            fx.h.heartbeat(n, reports, now, Duration::from_secs(10));
+            fx.h.heartbeat(n, ReportUpdate::full(reports), now, Duration::from_secs(10));
         }
     }
 }
@@ -1036,7 +1050,7 @@ fn a_hot_tablet_splits_once_its_cooldown_and_window_passed() {
             for r in &mut reports {
                 r.records_applied = 15 * half;
             }
-            fx.h.heartbeat(n, reports, now, p.split.window);
+            fx.h.heartbeat(n, ReportUpdate::full(reports), now, p.split.window);
         }
         let (proposed, h) = run(&fx, now, &p);
         fx.h = h;

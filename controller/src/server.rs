@@ -86,6 +86,9 @@ pub struct Controller {
     pub opts: ControllerOptions,
     pub quorum: Arc<Quorum<CellState>>,
     health: Mutex<HealthView>,
+    /// What each node was told, for delta heartbeats (the leader's soft
+    /// state, started afresh in each term).
+    book: Mutex<Option<crate::book::Book>>,
     pub(crate) cancel: CancellationToken,
 }
 
@@ -104,6 +107,7 @@ impl Controller {
             opts,
             quorum: Arc::new(quorum),
             health: Default::default(),
+            book: Default::default(),
             cancel: CancellationToken::new(),
         });
         tokio::spawn(crate::driver::run(c.clone()));
@@ -165,6 +169,23 @@ impl Controller {
         self.health
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The heartbeat book of `term`: this leader's, or a new one if it
+    /// was another term's.
+    pub(crate) fn book(&self, term: u64) -> MutexGuard<'_, Option<crate::book::Book>> {
+        let mut b = self.book.lock().unwrap_or_else(|e| {
+            // A refresh that panicked may have filed half a change: start
+            // over past every generation the old book gave out.
+            let mut b = e.into_inner();
+            *b = b.as_ref().map(crate::book::Book::after);
+            self.book.clear_poison();
+            b
+        });
+        if b.as_ref().map(|b| b.term()) != Some(term) {
+            *b = Some(crate::book::Book::new(term));
+        }
+        b
     }
 
     /// The nodes as placement sees them at `now`.

@@ -49,6 +49,8 @@ pub struct AgentStats {
     pub replicas_created: std::sync::atomic::AtomicU64,
     pub replicas_removed: std::sync::atomic::AtomicU64,
     pub membership_changes: std::sync::atomic::AtomicU64,
+    /// Delta heartbeats the controller could not take (sent again in full).
+    pub heartbeat_resyncs: std::sync::atomic::AtomicU64,
 }
 
 /// Longest single heartbeat call (also sent as the gRPC deadline).
@@ -79,6 +81,8 @@ pub struct Agent {
     set_peer: Option<SetPeer>,
     /// Tablets with a reconcile task running.
     busy: Arc<Mutex<HashSet<u64>>>,
+    /// The reports the controller holds and the assignments it gave.
+    sync: Mutex<crate::agent_sync::HeartbeatState>,
     /// Peer addresses already handed to the transport.
     known_peers: Mutex<std::collections::HashMap<u64, HostPort>>,
     pub stats: Arc<AgentStats>,
@@ -105,6 +109,7 @@ impl Agent {
             opts,
             set_peer,
             busy: Default::default(),
+            sync: Default::default(),
             known_peers: Default::default(),
             stats: Default::default(),
         }
@@ -124,33 +129,46 @@ impl Agent {
             let Some(controllers) = &self.controllers else {
                 continue;
             };
-            let req = self.heartbeat_request();
-            let reply = controllers
-                .call(|mut c| {
-                    let mut request = tonic::Request::new(req.clone());
-                    request.set_timeout(HEARTBEAT_TIMEOUT);
-                    async move { c.heartbeat(request).await }
-                })
-                .await;
-            match reply {
-                Ok(r) => {
-                    self.stats
-                        .heartbeats_ok
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    self.apply(r).await;
+            // A delta the controller could not take is sent again in full
+            // at once (a new leader, a lost answer).
+            for _ in 0..2 {
+                let req = self.heartbeat_request();
+                let reply = controllers
+                    .call(|mut c| {
+                        let mut request = tonic::Request::new(req.clone());
+                        request.set_timeout(HEARTBEAT_TIMEOUT);
+                        async move { c.heartbeat(request).await }
+                    })
+                    .await;
+                match reply {
+                    Ok(r) => {
+                        let taken = self.sync.lock().expect("lock poisoned").answer(&r);
+                        let delta_reports = req.report_base != 0;
+                        if taken == crate::agent_sync::Taken::Resync {
+                            crate::metrics::record_heartbeat("resync", delta_reports);
+                            self.stats.heartbeat_resyncs.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
+                        let answer = match &r.sync {
+                            Some(s) if s.delta => "delta",
+                            _ => "full",
+                        };
+                        crate::metrics::record_heartbeat(answer, delta_reports);
+                        self.stats.heartbeats_ok.fetch_add(1, Ordering::Relaxed);
+                        self.apply(r).await;
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "heartbeat failed");
+                        self.stats.heartbeats_failed.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
-                Err(e) => {
-                    tracing::debug!(error = %e, "heartbeat failed");
-                    self.stats
-                        .heartbeats_failed
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
+                break;
             }
         }
     }
 
     fn heartbeat_request(&self) -> pb::HeartbeatRequest {
-        let replicas = self
+        let replicas: Vec<pb::ReplicaReport> = self
             .replicas
             .replicas()
             .iter()
@@ -177,7 +195,7 @@ impl Agent {
                 }
             })
             .collect();
-        pb::HeartbeatRequest {
+        let mut req = pb::HeartbeatRequest {
             node: Some(pb::NodeRegistration {
                 id: self.replicas.node_id(),
                 client_endpoint: self.opts.client_endpoint.clone(),
@@ -188,10 +206,15 @@ impl Agent {
                 version: stele_proto::formats::binary_version().into(),
                 formats: stele_proto::formats::supported_pb(),
             }),
-            replicas,
             token_epoch: self.tokens.epoch(),
             load: Some(self.load.take()),
-        }
+            ..Default::default()
+        };
+        self.sync
+            .lock()
+            .expect("lock poisoned")
+            .request(replicas, &mut req);
+        req
     }
 
     async fn apply(&self, r: pb::HeartbeatResponse) {
@@ -235,7 +258,8 @@ impl Agent {
                 .filter(|p| p.node != me)
                 .map(|p| (p.node, p.client_endpoint.clone())),
         );
-        for a in &r.assignments {
+        let assignments = self.sync.lock().expect("lock poisoned").assignments();
+        for a in &assignments {
             let spec = ReplicaSpec {
                 tablet: a.tablet,
                 replica_id: a.replica_id,

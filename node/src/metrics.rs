@@ -92,6 +92,18 @@ pub(crate) fn record_cold_chunks(hits: u64, misses: u64) {
     counter!("stele_tier_cold_cache_misses_total").increment(misses);
 }
 
+/// One heartbeat answered: `full` (everything listed, as a controller
+/// or node before delta heartbeats does), `delta` (only what changed), or
+/// `resync` (the controller did not hold the delta's base; the full
+/// reports follow at once). `reports_delta`: the heartbeat's reports were
+/// a delta.
+pub(crate) fn record_heartbeat(answer: &'static str, reports_delta: bool) {
+    counter!("stele_node_heartbeats_total", "answer" => answer).increment(1);
+    if reports_delta {
+        counter!("stele_node_heartbeat_delta_reports_total").increment(1);
+    }
+}
+
 /// Every series recorded only on events, at zero, so a scrape lists it
 /// from the start (a dashboard's query finds a series, not nothing).
 pub fn register() {
@@ -109,8 +121,12 @@ pub fn register() {
         "stele_tier_cold_cache_hits_total",
         "stele_tier_cold_cache_misses_total",
         "stele_raft_leader_changes_total",
+        "stele_node_heartbeat_delta_reports_total",
     ] {
         counter!(c).increment(0);
+    }
+    for a in ["full", "delta", "resync"] {
+        counter!("stele_node_heartbeats_total", "answer" => a).increment(0);
     }
     for h in [
         "stele_journal_fsync_seconds",

@@ -35,8 +35,23 @@ pub const LOG_MAX: u32 = 2;
 /// The log format from which leaders write `AppendMany`.
 pub const LOG_APPEND_MANY: u32 = 2;
 
+/// Node heartbeats (docs/ARCHITECTURE.md, "Heartbeat deltas"): version
+/// 2 lets nodes report only the replicas whose report changed. A
+/// controller of an earlier build would take such a report for the
+/// node's whole set, so nodes send deltas only once every controller
+/// reads them. (Assignment deltas in the answers need no gate: a node
+/// asks for them, and an earlier controller answers in full.)
+pub const HEARTBEAT: &str = "heartbeat";
+/// The newest heartbeat format this build knows.
+pub const HEARTBEAT_MAX: u32 = 2;
+
 /// Every gated format this build knows, with the newest version of each.
-pub const SUPPORTED: &[(&str, u32)] = &[(LOG, LOG_MAX), (SEGMENT, SEGMENT_MAX), (TOKEN, TOKEN_MAX)];
+pub const SUPPORTED: &[(&str, u32)] = &[
+    (HEARTBEAT, HEARTBEAT_MAX),
+    (LOG, LOG_MAX),
+    (SEGMENT, SEGMENT_MAX),
+    (TOKEN, TOKEN_MAX),
+];
 
 /// The version of every format before anything is enabled, and of every
 /// format a member does not report.

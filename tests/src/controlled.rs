@@ -37,6 +37,10 @@ pub struct ControlledCell {
     /// take no such flag and are plaintext anyway): upgrade tests from
     /// such builds. Otherwise every listener is TLS.
     pub plaintext: bool,
+    /// `start` turns on delta heartbeats (`stele cell formats enable
+    /// heartbeat 2`) when every process runs the binary under test.
+    /// Off for tests that send heartbeats as a build from before formats.
+    pub heartbeat_deltas: bool,
 }
 
 impl ControlledCell {
@@ -75,6 +79,7 @@ impl ControlledCell {
             advertise: None,
             binaries: HashMap::new(),
             plaintext: false,
+            heartbeat_deltas: true,
         }
     }
 
@@ -250,6 +255,12 @@ impl ControlledCell {
         ]);
         assert!(ok, "cell init: {out}{err}");
         self.wait_settled(Duration::from_secs(60));
+        // Every node has reported its build by now (the gate needs that).
+        if self.heartbeat_deltas && self.binaries.is_empty() {
+            let v = stele_proto::formats::HEARTBEAT_MAX.to_string();
+            let (ok, out, err) = self.cli(&["cell", "formats", "enable", "heartbeat", &v]);
+            assert!(ok, "enable heartbeat deltas: {out}{err}");
+        }
         (controllers, nodes)
     }
 

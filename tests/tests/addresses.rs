@@ -90,6 +90,7 @@ async fn a_cell_advertising_host_names_is_reached_through_them() {
         replicas: Vec::new(),
         token_epoch: None,
         load: None,
+        ..Default::default()
     };
     for (client, peer, field, says) in [
         (

@@ -404,6 +404,7 @@ async fn operator_commands_under_load_and_bad_input_refused() {
         replicas: Vec::new(),
         token_epoch: None,
         load: None,
+        ..Default::default()
     };
     for (req, why) in [
         (pb::HeartbeatRequest::default(), "missing registration"),

@@ -32,6 +32,7 @@ fn heartbeat_as(id: u64, client_endpoint: &str) -> pb::HeartbeatRequest {
         replicas: Vec::new(),
         token_epoch: None,
         load: None,
+        ..Default::default()
     }
 }
 

@@ -58,11 +58,8 @@ fn reports(
     s: &CellState,
     leaders: &[u64],
     applied: impl Fn(u64) -> u64,
-) -> (
-    HashMap<u64, Vec<pb::ReplicaReport>>,
-    HashMap<u64, pb::ReplicaReport>,
-) {
-    let mut by_node: HashMap<u64, Vec<pb::ReplicaReport>> = HashMap::new();
+) -> (HashMap<u64, Reports>, HashMap<u64, pb::ReplicaReport>) {
+    let mut by_node: HashMap<u64, Reports> = HashMap::new();
     let mut led = HashMap::new();
     for t in s.tablets.values() {
         for r in &t.voters {
@@ -76,7 +73,7 @@ fn reports(
             if report.leader {
                 led.insert(t.id, report.clone());
             }
-            by_node.entry(r.node).or_default().push(report);
+            by_node.entry(r.node).or_default().insert(t.id, report);
         }
     }
     (by_node, led)
@@ -125,7 +122,7 @@ fn a_busy_tablet_or_one_without_a_reported_voter_waits() {
     let (mut reps, leaders) = reports(&s, &[1, 1], |_| 3);
     // Nodes 2 and 3 have not reported tablet 2 yet.
     for n in [2, 3] {
-        reps.get_mut(&n).unwrap().retain(|r| r.tablet != 2);
+        reps.get_mut(&n).unwrap().remove(&2);
     }
     let got = plan(&s, &nodes(&s, &[]), &reps, &leaders, &none(), 1).unwrap();
     assert_eq!(got.leading, [1, 2]);
