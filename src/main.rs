@@ -98,6 +98,9 @@ enum Command {
     Health(cmd::health::HealthArgs),
     /// Print a shell completion script: `source <(stele completions bash)`.
     Completions(cmd::completions::CompletionsArgs),
+    /// Simulations that measure the controllers at full size.
+    #[command(subcommand)]
+    Sim(cmd::sim::SimCommand),
 }
 
 fn main() -> std::process::ExitCode {
@@ -174,6 +177,7 @@ fn run() -> anyhow::Result<()> {
             Command::Restore(a) => cmd::restore::run(a).await,
             Command::Config(c) => cmd::config::run(c),
             Command::Health(a) => cmd::health::run(a).await,
+            Command::Sim(c) => cmd::sim::run(c).await,
             Command::Completions(_) => unreachable!("handled before the runtime starts"),
         }
     });

@@ -15,6 +15,11 @@ use crate::tokens::{SigningKey, TokenRec, Tokens};
 /// Bits of a replica id that name its node (as `stele_node::raft::router`).
 pub const NODE_BITS: u32 = 16;
 
+/// Most tablets a cell may be created with (`cell init --tablets`): a
+/// 400-node cell at a few hundred replicas per node (docs/BENCHMARKS.md,
+/// "Controller at full size"). More come from splits.
+pub const TABLETS_AT_INIT_MAX: u32 = 1 << 20;
+
 /// The node that hosts `replica` (its low `NODE_BITS` bits).
 pub fn node_of(replica: u64) -> u64 {
     replica & ((1 << NODE_BITS) - 1)
@@ -540,8 +545,8 @@ impl CellState {
                         ))
                     };
                 }
-                if cfg.tablets == 0 || cfg.tablets > 65_536 {
-                    return Reply::Refused("tablets must be 1..=65536".into());
+                if cfg.tablets == 0 || cfg.tablets > TABLETS_AT_INIT_MAX {
+                    return Reply::Refused(format!("tablets must be 1..={TABLETS_AT_INIT_MAX}"));
                 }
                 if !matches!(cfg.replication, 1 | 3 | 5) {
                     return Reply::Refused("replication must be 1, 3 or 5".into());

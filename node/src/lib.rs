@@ -3,7 +3,7 @@
 //! See docs/ARCHITECTURE.md for the picture.
 
 pub mod agent;
-mod agent_sync;
+pub mod agent_sync;
 pub mod catalog;
 mod catalog_group;
 pub mod cert_request;

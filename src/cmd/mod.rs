@@ -33,6 +33,7 @@ pub mod restore;
 pub mod restore_cell;
 pub mod scan;
 pub mod server;
+pub mod sim;
 pub mod status;
 pub mod table;
 pub mod tablet;

@@ -56,6 +56,12 @@ pub struct ServerArgs {
     /// Controller: a dead node's replicas move away after this much more, ms.
     #[arg(long, default_value_t = 60_000)]
     repair_grace_ms: u64,
+    /// Controller: most topology intents (moves, transfers, splits,
+    /// merges) open at once. Repairing a lost node moves every voter it
+    /// held at most this many at a time; a large cell repairs faster with
+    /// more, at the cost of more catch-up traffic at once.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    max_intents: u32,
     /// Controller: rebalance tablet leaders across nodes this often, ms
     /// (0: never).
     #[arg(long, default_value_t = 10_000)]
@@ -316,6 +322,7 @@ fn controller_options(a: &ServerArgs) -> stele_controller::ControllerOptions {
     co.lease = Duration::from_millis(a.lease_ms);
     co.repair_grace = Duration::from_millis(a.repair_grace_ms);
     co.leader_balance_every = Duration::from_millis(a.leader_balance_ms);
+    co.max_intents = a.max_intents as usize;
     co.split = stele_controller::autosplit::SplitPolicy {
         bytes: a.split_bytes,
         writes_per_s: a.split_writes_per_s,

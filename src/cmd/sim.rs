@@ -1,0 +1,462 @@
+//! `stele sim nodes`: one process that plays hundreds of storage nodes
+//! against real controller processes, to measure the controllers at a
+//! cell's full size on one machine (docs/BENCHMARKS.md, "Controller at
+//! full size").
+//!
+//! ```text
+//! per simulated node, every --heartbeat-ms (spread over the interval):
+//!   heartbeat: registration, a report per replica (delta heartbeats as
+//!   the real agent sends them: stele_node::agent_sync), a load window
+//!   answer: host what is assigned, drop what is retired; where it leads
+//!   a group, set the group's voters to the desired ones and hand the
+//!   lead to the desired leader at once (a real group takes a round trip)
+//! groups (one shared table): voters, leader, term; a group whose leader's
+//!   node is dead is led by its first live voter at the next heartbeat of
+//!   that voter's node (a real election takes one or two timeouts)
+//! --kill K: once every tablet is led, K nodes stop heartbeating; the
+//!   report says when the first replacement was assigned and when every
+//!   group they were in had its voters on live nodes only
+//! ```
+//!
+//! Nothing here stores data or runs Raft: it measures the controller's
+//! side (heartbeats, placement, repair), not the nodes'.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use prost::Message;
+use stele_client::admin::Admin;
+use stele_node::agent_sync::{HeartbeatState, Taken};
+use stele_proto::pb;
+
+#[derive(clap::Subcommand)]
+pub enum SimCommand {
+    /// Play `--count` storage nodes against the controllers.
+    Nodes(NodesArgs),
+}
+
+#[derive(clap::Args, Clone)]
+pub struct NodesArgs {
+    /// Simulated nodes (ids --first-id and up).
+    #[arg(long, default_value_t = 400)]
+    count: u64,
+    #[arg(long, default_value_t = 1)]
+    first_id: u64,
+    /// The controllers (`http://host:port`, comma-separated; plaintext).
+    #[arg(long, value_delimiter = ',', required = true)]
+    controllers: Vec<String>,
+    /// Heartbeat period of each node, as a real node's `--heartbeat-ms`.
+    #[arg(long, default_value_t = 1000)]
+    heartbeat_ms: u64,
+    /// Zones the nodes are spread over, round robin.
+    #[arg(long, default_value_t = 3)]
+    zones: u64,
+    /// Stop after this many seconds and print the report.
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+    /// Once every tablet is led, stop this many nodes (the highest ids)
+    /// and measure the repair.
+    #[arg(long, default_value_t = 0)]
+    kill: u64,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One tablet's group as the simulation keeps it.
+#[derive(Debug, Clone, Default)]
+struct Group {
+    voters: BTreeSet<u64>,
+    leader: Option<u64>,
+    term: u64,
+    range_generation: u64,
+}
+
+#[derive(Default)]
+struct Node {
+    alive: bool,
+    /// Hosted replicas: tablet → replica id.
+    replicas: BTreeMap<u64, u64>,
+    state: HeartbeatState,
+}
+
+/// Heartbeat figures of the whole run.
+#[derive(Default)]
+struct Tally {
+    latencies_us: Vec<u64>,
+    failed: u64,
+    resyncs: u64,
+    full: u64,
+    delta: u64,
+    request_bytes: u64,
+    answer_bytes: u64,
+    /// When the first replacement replica was assigned after the kill.
+    first_replacement: Option<Instant>,
+}
+
+struct Sim {
+    groups: HashMap<u64, Group>,
+    nodes: HashMap<u64, Node>,
+    tally: Tally,
+    zones: u64,
+    /// The nodes killed and when, with the tablets they held then.
+    killed: Option<(Instant, BTreeSet<u64>, BTreeSet<u64>)>,
+}
+
+/// The node that hosts replica `r` (the controller's numbering).
+fn node_of(r: u64) -> u64 {
+    stele_controller::state::node_of(r)
+}
+
+impl Sim {
+    fn registration(&self, id: u64) -> pb::NodeRegistration {
+        pb::NodeRegistration {
+            id,
+            client_endpoint: format!("http://127.0.0.1:{}", 20000 + id),
+            peer_endpoint: format!("127.0.0.1:{}", 40000 + id),
+            zone: format!("z{}", id % self.zones),
+            rack: String::new(),
+            capacity: 1,
+            version: stele_proto::formats::binary_version().into(),
+            formats: stele_proto::formats::supported_pb(),
+        }
+    }
+
+    fn alive(&self, node: u64) -> bool {
+        self.nodes.get(&node).is_some_and(|n| n.alive)
+    }
+
+    /// Node `id`'s next heartbeat.
+    fn request(&mut self, id: u64) -> pb::HeartbeatRequest {
+        self.elect(id);
+        let node = &self.nodes[&id];
+        let reports: Vec<pb::ReplicaReport> = node
+            .replicas
+            .iter()
+            .map(|(&tablet, &rid)| {
+                let g = self.groups.get(&tablet).cloned().unwrap_or_default();
+                pb::ReplicaReport {
+                    tablet,
+                    replica_id: rid,
+                    leader: g.leader == Some(rid),
+                    term: g.term,
+                    applied_index: g.term + 1,
+                    voters: g.voters.iter().copied().collect(),
+                    range_generation: g.range_generation,
+                    published_generation: g.range_generation,
+                    ..Default::default()
+                }
+            })
+            .collect();
+        let mut req = pb::HeartbeatRequest {
+            node: Some(self.registration(id)),
+            load: Some(pb::NodeLoad {
+                window_ms: 1000,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let node = self.nodes.get_mut(&id).expect("a simulated node");
+        node.state.request(reports, &mut req);
+        req
+    }
+
+    /// Groups with a replica on `id` whose leader is gone: the first live
+    /// voter that holds its replica leads, in a new term.
+    fn elect(&mut self, id: u64) {
+        let tablets: Vec<u64> = self.nodes[&id].replicas.keys().copied().collect();
+        for t in tablets {
+            let Some(g) = self.groups.get(&t) else {
+                continue;
+            };
+            if g.leader.is_some_and(|l| self.alive(node_of(l))) {
+                continue;
+            }
+            let next = g.voters.iter().copied().find(|&v| {
+                let n = node_of(v);
+                self.alive(n) && self.nodes[&n].replicas.get(&t) == Some(&v)
+            });
+            if next.is_some_and(|v| node_of(v) == id) {
+                let g = self.groups.get_mut(&t).expect("the group");
+                g.leader = next;
+                g.term += 1;
+            }
+        }
+    }
+
+    /// Takes node `id`'s answer; false if it asks for the full reports.
+    fn answer(&mut self, id: u64, r: &pb::HeartbeatResponse) -> bool {
+        let node = self.nodes.get_mut(&id).expect("a simulated node");
+        if node.state.answer(r) == Taken::Resync {
+            self.tally.resyncs += 1;
+            return false;
+        }
+        match &r.sync {
+            Some(s) if s.delta => self.tally.delta += 1,
+            _ => self.tally.full += 1,
+        }
+        let assignments = node.state.assignments();
+        for rr in r.retire.iter().filter(|rr| rr.node == id) {
+            node.replicas.retain(|_, rid| *rid != rr.replica_id);
+        }
+        for a in &assignments {
+            let node = self.nodes.get_mut(&id).expect("a simulated node");
+            if !node.replicas.contains_key(&a.tablet) {
+                node.replicas.insert(a.tablet, a.replica_id);
+                if let Some((at, dead, _)) = &self.killed
+                    && self.tally.first_replacement.is_none()
+                    && a.voters.iter().any(|v| dead.contains(&v.node))
+                    && Instant::now() > *at
+                {
+                    self.tally.first_replacement = Some(Instant::now());
+                }
+            }
+            if node.replicas.get(&a.tablet) != Some(&a.replica_id) {
+                continue;
+            }
+            let desired: BTreeSet<u64> = a.voters.iter().map(|v| v.replica_id).collect();
+            let g = self.groups.entry(a.tablet).or_default();
+            if g.voters.is_empty() {
+                if !a.initialize {
+                    continue;
+                }
+                // The initializer starts the group and leads it.
+                g.voters = desired.clone();
+                g.leader = Some(a.replica_id);
+                g.term = 1;
+            }
+            g.range_generation = g.range_generation.max(a.range_generation);
+            if g.leader != Some(a.replica_id) {
+                continue;
+            }
+            if g.voters != desired {
+                g.voters = desired.clone();
+            }
+            let want = a.leader_replica;
+            if want != 0 && want != a.replica_id && desired.contains(&want) {
+                let n = node_of(want);
+                if self
+                    .nodes
+                    .get(&n)
+                    .is_some_and(|x| x.alive && x.replicas.get(&a.tablet) == Some(&want))
+                {
+                    let g = self.groups.get_mut(&a.tablet).expect("the group");
+                    g.leader = Some(want);
+                    g.term += 1;
+                }
+            } else if !desired.contains(&a.replica_id) {
+                // Removed itself: the group elects among what is left.
+                let g = self.groups.get_mut(&a.tablet).expect("the group");
+                g.leader = None;
+            }
+        }
+        true
+    }
+
+    /// Every group has a leader on a live node.
+    fn all_led(&self) -> bool {
+        !self.groups.is_empty()
+            && self
+                .groups
+                .values()
+                .all(|g| g.leader.is_some_and(|l| self.alive(node_of(l))))
+    }
+
+    /// Of the tablets the killed nodes held, those not yet on live voters
+    /// only.
+    fn unrepaired(&self) -> usize {
+        let Some((_, dead, tablets)) = &self.killed else {
+            return 0;
+        };
+        tablets
+            .iter()
+            .filter(|t| {
+                self.groups
+                    .get(t)
+                    .is_none_or(|g| g.voters.iter().any(|v| dead.contains(&node_of(*v))))
+            })
+            .count()
+    }
+}
+
+fn controllers(endpoints: &[String]) -> anyhow::Result<Admin> {
+    let mut c = Admin::new(endpoints.to_vec())?;
+    c.request_timeout = Duration::from_secs(5);
+    c.rounds_max = 1;
+    c.deadline = Duration::MAX;
+    c.round_pause = Duration::ZERO;
+    Ok(c)
+}
+
+/// One simulated node's loop until `stop`.
+async fn run_node(
+    sim: Arc<Mutex<Sim>>,
+    admin: Arc<Admin>,
+    id: u64,
+    every: Duration,
+    stop: Instant,
+) {
+    // Spread the nodes over the interval, as real nodes started apart are.
+    let offset = every.mul_f64((id % 997) as f64 / 997.0);
+    tokio::time::sleep(offset).await;
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while Instant::now() < stop {
+        tick.tick().await;
+        for _ in 0..2 {
+            let req = {
+                let mut s = sim.lock().expect("lock poisoned");
+                if !s.alive(id) {
+                    return;
+                }
+                s.request(id)
+            };
+            let started = Instant::now();
+            let reply = admin
+                .call(|mut c| {
+                    let mut request = tonic::Request::new(req.clone());
+                    request.set_timeout(Duration::from_secs(5));
+                    async move { c.heartbeat(request).await }
+                })
+                .await;
+            let took = started.elapsed();
+            let mut s = sim.lock().expect("lock poisoned");
+            match reply {
+                Ok(r) => {
+                    s.tally.latencies_us.push(took.as_micros() as u64);
+                    s.tally.request_bytes += req.encoded_len() as u64;
+                    s.tally.answer_bytes += r.encoded_len() as u64;
+                    if !s.answer(id, &r) {
+                        continue;
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(node = id, error = %e, "simulated heartbeat failed");
+                    s.tally.failed += 1;
+                }
+            }
+            break;
+        }
+    }
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+pub async fn run(cmd: SimCommand) -> anyhow::Result<()> {
+    let SimCommand::Nodes(a) = cmd;
+    anyhow::ensure!(a.count > 0, "--count must be at least 1");
+    anyhow::ensure!(a.kill < a.count, "--kill must be less than --count");
+    anyhow::ensure!(a.heartbeat_ms > 0, "--heartbeat-ms must be positive");
+    anyhow::ensure!(a.zones > 0, "--zones must be at least 1");
+    let admin = Arc::new(controllers(&a.controllers)?);
+    let ids: Vec<u64> = (a.first_id..a.first_id + a.count).collect();
+    let sim = Arc::new(Mutex::new(Sim {
+        groups: HashMap::new(),
+        nodes: ids
+            .iter()
+            .map(|&id| {
+                (
+                    id,
+                    Node {
+                        alive: true,
+                        ..Default::default()
+                    },
+                )
+            })
+            .collect(),
+        tally: Tally::default(),
+        zones: a.zones,
+        killed: None,
+    }));
+    let started = Instant::now();
+    let stop = started + Duration::from_secs(a.seconds);
+    let every = Duration::from_millis(a.heartbeat_ms);
+    let tasks: Vec<_> = ids
+        .iter()
+        .map(|&id| tokio::spawn(run_node(sim.clone(), admin.clone(), id, every, stop)))
+        .collect();
+    let mut led_at = None;
+    let mut repaired_at = None;
+    while Instant::now() < stop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut s = sim.lock().expect("lock poisoned");
+        if led_at.is_none() && s.all_led() {
+            led_at = Some(Instant::now());
+            eprintln!(
+                "sim: {} groups led after {:.1} s",
+                s.groups.len(),
+                started.elapsed().as_secs_f64()
+            );
+            if a.kill > 0 {
+                let dead: BTreeSet<u64> = ids.iter().rev().take(a.kill as usize).copied().collect();
+                let tablets: BTreeSet<u64> = dead
+                    .iter()
+                    .flat_map(|n| s.nodes[n].replicas.keys().copied().collect::<Vec<_>>())
+                    .collect();
+                for n in &dead {
+                    s.nodes.get_mut(n).expect("a node").alive = false;
+                }
+                eprintln!(
+                    "sim: killed {} nodes holding {} tablets",
+                    dead.len(),
+                    tablets.len()
+                );
+                s.killed = Some((Instant::now(), dead, tablets));
+            }
+        }
+        if repaired_at.is_none() && s.killed.is_some() && s.unrepaired() == 0 {
+            repaired_at = Some(Instant::now());
+            eprintln!("sim: every group of the killed nodes is on live voters");
+        }
+    }
+    for t in tasks {
+        t.await?;
+    }
+    let mut s = sim.lock().expect("lock poisoned");
+    let mut lat = std::mem::take(&mut s.tally.latencies_us);
+    lat.sort_unstable();
+    let beats = lat.len().max(1) as u64;
+    let killed_at = s.killed.as_ref().map(|k| k.0);
+    let since_kill = |t: Option<Instant>| {
+        t.zip(killed_at)
+            .map(|(t, k)| t.duration_since(k).as_secs_f64())
+    };
+    let replicas: usize = s.nodes.values().map(|n| n.replicas.len()).sum();
+    let report = serde_json::json!({
+        "nodes": a.count,
+        "tablets": s.groups.len(),
+        "replicas": replicas,
+        "seconds": a.seconds,
+        "heartbeats": lat.len(),
+        "heartbeats_failed": s.tally.failed,
+        "resyncs": s.tally.resyncs,
+        "answers_full": s.tally.full,
+        "answers_delta": s.tally.delta,
+        "heartbeat_ms_p50": percentile(&lat, 0.50) as f64 / 1000.0,
+        "heartbeat_ms_p99": percentile(&lat, 0.99) as f64 / 1000.0,
+        "heartbeat_ms_max": lat.last().copied().unwrap_or(0) as f64 / 1000.0,
+        "request_bytes_mean": s.tally.request_bytes / beats,
+        "answer_bytes_mean": s.tally.answer_bytes / beats,
+        "all_led_s": led_at.map(|t| t.duration_since(started).as_secs_f64()),
+        "killed": a.kill,
+        "killed_tablets": s.killed.as_ref().map_or(0, |k| k.2.len()),
+        "first_replacement_s": since_kill(s.tally.first_replacement),
+        "repaired_s": since_kill(repaired_at),
+        "unrepaired": s.unrepaired(),
+    });
+    if a.json {
+        println!("{report}");
+    } else {
+        for (k, v) in report.as_object().expect("an object") {
+            println!("{k:>22}  {v}");
+        }
+    }
+    Ok(())
+}
