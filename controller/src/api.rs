@@ -51,19 +51,21 @@ impl Api {
                 "delta reports before the cell's heartbeat format is 2",
             ));
         }
-        {
+        let taken = Controller::blocking(|| {
             let mut h = c.health();
-            if !h.heartbeat(reg.id, update, now, c.opts.split.window) {
-                crate::metrics::record_heartbeat_resync();
-                return Ok(Response::new(pb::HeartbeatResponse {
-                    node_state: String::new(),
-                    sync: Some(pb::HeartbeatSync::default()),
-                    ..Default::default()
-                }));
-            }
-            if let Some(load) = &load {
+            let taken = h.heartbeat(reg.id, update, now, c.opts.split.window);
+            if taken && let Some(load) = &load {
                 h.record_load(reg.id, load, now);
             }
+            taken
+        });
+        if !taken {
+            crate::metrics::record_heartbeat_resync();
+            return Ok(Response::new(pb::HeartbeatResponse {
+                node_state: String::new(),
+                sync: Some(pb::HeartbeatSync::default()),
+                ..Default::default()
+            }));
         }
         let rec = NodeRec {
             id: reg.id,
@@ -93,12 +95,33 @@ impl Api {
             }
             c.propose(Command::Register(rec.clone())).await?;
         }
-        let node = rec.id;
+        Ok(Response::new(Controller::blocking(|| {
+            self.answer(
+                rec.id,
+                req.assignments_held,
+                req.report_seq,
+                token_epoch,
+                now,
+            )
+        })))
+    }
+
+    /// The answer to node `node`'s heartbeat (already taken): in full, or
+    /// against generation `held` (its reports acknowledged as `seq`).
+    fn answer(
+        &self,
+        node: u64,
+        held: Option<u64>,
+        seq: u64,
+        token_epoch: Option<u64>,
+        now: Instant,
+    ) -> pb::HeartbeatResponse {
+        let c = &self.0;
         // Read before the state: the book's index is never newer than the
         // state it was built from.
         let (term, applied) = (c.quorum.term(), c.quorum.applied_index().unwrap_or(0));
         let s = c.quorum.state();
-        let (assignments, peers, sync) = match req.assignments_held {
+        let (assignments, peers, sync) = match held {
             Some(held) => {
                 let answer = {
                     let mut book = c.book(term);
@@ -127,7 +150,7 @@ impl Api {
                     delta: answer.delta,
                     removed: answer.removed,
                     unfreeze,
-                    reports_acked: req.report_seq,
+                    reports_acked: seq,
                 };
                 (
                     answer.assignments,
@@ -157,7 +180,7 @@ impl Api {
             .nodes
             .get(&node)
             .map_or("up", |n| n.placement_state().name());
-        Ok(Response::new(pb::HeartbeatResponse {
+        pb::HeartbeatResponse {
             node_state: node_state.into(),
             assignments,
             retire,
@@ -166,7 +189,7 @@ impl Api {
             formats: stele_proto::formats::to_pb(&s.formats),
             tokens: s.tokens.keys_pb(token_epoch),
             sync,
-        }))
+        }
     }
 }
 

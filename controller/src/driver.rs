@@ -20,11 +20,14 @@
 //! the restart of samples after an automatic split or merge).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::error::Result;
 use crate::scheduler::{self, Action};
 use crate::server::Controller;
+
+/// A plan slower than this is logged: heartbeats wait for it.
+const SLOW_PLAN: Duration = Duration::from_millis(500);
 
 pub(crate) async fn run(c: Arc<Controller>) {
     let mut tick = tokio::time::interval(c.opts.tick);
@@ -53,14 +56,23 @@ pub(crate) async fn run(c: Arc<Controller>) {
 async fn pass(c: &Controller, policy: &scheduler::Policy) -> Result<()> {
     let now = Instant::now();
     let term = c.quorum.term();
-    let s = c.snapshot();
-    let mut plan = {
+    let mut plan = Controller::blocking(|| {
+        let s = c.snapshot();
         let mut h = c.health();
+        let planning = Instant::now();
         h.observe(&s, term, now, policy.lease);
         let plan = scheduler::plan(&s, &h, now, policy);
-        crate::metrics::record_plan(now.elapsed());
+        let took = planning.elapsed();
+        crate::metrics::record_plan(took);
+        if took > SLOW_PLAN {
+            tracing::warn!(
+                ms = took.as_millis() as u64,
+                tablets = s.tablets.len(),
+                "a scheduler plan took long (heartbeats wait for it)"
+            );
+        }
         plan
-    };
+    });
     let mut reply = None;
     while let Some(action) = plan.next(reply.take()) {
         match action {

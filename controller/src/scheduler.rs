@@ -251,10 +251,19 @@ pub fn plan(s: &CellState, h: &HealthView, now: Instant, p: &Policy) -> Plan {
         plan.propose(Command::MarkDead { node: n.id });
     }
     let leaders = h.leaders();
-    // Groups that elected a leader no longer need their initializer.
-    for t in s.tablets.values().filter(|t| t.initializer.is_some()) {
-        if leaders.contains_key(&t.id) {
-            plan.propose(Command::Started { tablet: t.id });
+    // Groups that elected a leader no longer need their initializer: in
+    // one entry where every controller decodes that, else one each.
+    let started: Vec<u64> = s
+        .tablets
+        .values()
+        .filter(|t| t.initializer.is_some() && leaders.contains_key(&t.id))
+        .map(|t| t.id)
+        .collect();
+    if s.format(stele_proto::formats::HEARTBEAT) >= 2 && started.len() > 1 {
+        plan.propose(Command::StartedMany { tablets: started });
+    } else {
+        for tablet in started {
+            plan.propose(Command::Started { tablet });
         }
     }
     let nodes = h.placement_nodes(s, now, p.lease, p.repair_grace);

@@ -730,6 +730,39 @@ fn intents_age_from_when_this_leader_first_saw_them() {
 }
 
 #[test]
+fn many_groups_start_in_one_entry_once_every_controller_decodes_it() {
+    let p = policy();
+    let mut fx = Fx::new(3, &[&[1, 2, 3], &[1, 2, 3]]);
+    for t in [1, 2] {
+        let first = fx.s.tablets[&t].voters[0].replica_id;
+        fx.s.tablets.get_mut(&t).unwrap().initializer = Some(first);
+    }
+    check(
+        "heartbeat format 1: one entry each",
+        &fx,
+        fx.at(1),
+        &p,
+        &[
+            Command::Started { tablet: 1 },
+            Command::Started { tablet: 2 },
+        ],
+    );
+    fx.apply(Command::EnableFormat {
+        name: stele_proto::formats::HEARTBEAT.into(),
+        version: 2,
+    });
+    check(
+        "heartbeat format 2: one entry",
+        &fx,
+        fx.at(1),
+        &p,
+        &[Command::StartedMany {
+            tablets: vec![1, 2],
+        }],
+    );
+}
+
+#[test]
 fn new_tablets_are_placed_and_started() {
     let p = policy();
     let unplaced = Fx::new(4, &[]);

@@ -171,6 +171,22 @@ impl Controller {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Runs `f`, which may wait for the health view's lock (a scheduler
+    /// plan holds it throughout) or walk every tablet, telling a
+    /// multi-threaded runtime so: its other tasks (the quorum's Raft
+    /// messages above all) move to another thread meanwhile instead of
+    /// queueing behind it. At 400 nodes a worker thread blocked on the
+    /// lock by each heartbeat starved the quorum into elections
+    /// (docs/BENCHMARKS.md, "Controller at full size").
+    pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(f)
+            }
+            _ => f(),
+        }
+    }
+
     /// The heartbeat book of `term`: this leader's, or a new one if it
     /// was another term's.
     pub(crate) fn book(&self, term: u64) -> MutexGuard<'_, Option<crate::book::Book>> {

@@ -236,6 +236,13 @@ pub enum Command {
     Started {
         tablet: u64,
     },
+    /// `Started` for many tablets in one entry (a new cell of many
+    /// tablets starts them all in one pass). Proposed only once the
+    /// cell's `heartbeat` format is 2: a controller of an earlier build
+    /// cannot decode it.
+    StartedMany {
+        tablets: Vec<u64>,
+    },
     StartMove {
         tablet: u64,
         from: u64,
@@ -627,6 +634,14 @@ impl CellState {
             Command::Started { tablet } => {
                 if let Some(t) = self.tablets.get_mut(&tablet) {
                     t.initializer = None;
+                }
+                Reply::Ok
+            }
+            Command::StartedMany { tablets } => {
+                for tablet in tablets {
+                    if let Some(t) = self.tablets.get_mut(&tablet) {
+                        t.initializer = None;
+                    }
                 }
                 Reply::Ok
             }

@@ -25,6 +25,18 @@ const MESSAGE_BYTES_MAX: usize = 256 << 20;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// A snapshot may take longer to send than a heartbeat's budget.
 const SNAPSHOT_TIMEOUT_MIN: Duration = Duration::from_secs(10);
+/// What an append gets on top of openraft's budget (a heartbeat interval)
+/// per MiB of commands it carries: a large command (a new cell's placement
+/// of 100,000 tablets is a few MiB) takes longer to send, decode and apply
+/// than a heartbeat interval, and an append that always times out never
+/// replicates (docs/BENCHMARKS.md, "Controller at full size").
+const APPEND_TIME_PER_MIB: Duration = Duration::from_millis(500);
+
+/// The deadline of an append carrying `bytes` of commands, given
+/// openraft's `budget`.
+fn append_timeout(budget: Duration, bytes: usize) -> Duration {
+    budget + APPEND_TIME_PER_MIB.mul_f64(bytes as f64 / (1 << 20) as f64)
+}
 
 /// Why a message to a peer got no usable reply.
 #[derive(Debug, thiserror::Error)]
@@ -167,7 +179,16 @@ impl RaftNetworkV2<C> for Peer {
         rpc: AppendEntriesRequest<C>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<C>, RPCError<C>> {
-        match self.call(Rpc::Append(rpc), option.hard_ttl()).await {
+        let bytes = rpc
+            .entries
+            .iter()
+            .map(|e| match &e.payload {
+                openraft::EntryPayload::Normal(cmd) => cmd.0.len(),
+                _ => 0,
+            })
+            .sum();
+        let timeout = append_timeout(option.hard_ttl(), bytes);
+        match self.call(Rpc::Append(rpc), timeout).await {
             Ok(Reply::Append(r)) => Ok(r),
             Ok(other) => Err(unreachable(self.unexpected("append", &other))),
             Err(e) => Err(unreachable(e)),
@@ -233,5 +254,24 @@ impl RaftNetworkV2<C> for Peer {
             Ok(other) => Err(unreachable(self.unexpected("transfer-leader", &other))),
             Err(e) => Err(unreachable(e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn large_appends_get_time_for_their_size() {
+        let budget = Duration::from_millis(250);
+        assert_eq!(append_timeout(budget, 0), budget);
+        assert_eq!(
+            append_timeout(budget, 100),
+            budget + APPEND_TIME_PER_MIB.mul_f64(100.0 / 1048576.0)
+        );
+        assert_eq!(
+            append_timeout(budget, 4 << 20),
+            budget + APPEND_TIME_PER_MIB * 4
+        );
     }
 }

@@ -55,10 +55,12 @@ pub struct NodesArgs {
     /// Stop after this many seconds and print the report.
     #[arg(long, default_value_t = 60)]
     seconds: u64,
-    /// Once every tablet is led, stop this many nodes (the highest ids)
-    /// and measure the repair.
+    /// Once every tablet is led and --kill-after-s passed, stop this many
+    /// nodes (the highest ids) and measure the repair.
     #[arg(long, default_value_t = 0)]
     kill: u64,
+    #[arg(long, default_value_t = 30)]
+    kill_after_s: u64,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -95,13 +97,16 @@ struct Tally {
     first_replacement: Option<Instant>,
 }
 
+/// The nodes killed and when, with the tablets they held then and each
+/// one's voter nodes then.
+type Killed = (Instant, BTreeSet<u64>, BTreeMap<u64, BTreeSet<u64>>);
+
 struct Sim {
     groups: HashMap<u64, Group>,
     nodes: HashMap<u64, Node>,
     tally: Tally,
     zones: u64,
-    /// The nodes killed and when, with the tablets they held then.
-    killed: Option<(Instant, BTreeSet<u64>, BTreeSet<u64>)>,
+    killed: Option<Killed>,
 }
 
 /// The node that hosts replica `r` (the controller's numbering).
@@ -202,12 +207,13 @@ impl Sim {
         }
         for a in &assignments {
             let node = self.nodes.get_mut(&id).expect("a simulated node");
-            if !node.replicas.contains_key(&a.tablet) {
-                node.replicas.insert(a.tablet, a.replica_id);
-                if let Some((at, dead, _)) = &self.killed
+            if let std::collections::btree_map::Entry::Vacant(e) = node.replicas.entry(a.tablet) {
+                e.insert(a.replica_id);
+                // A replacement: a replica of a tablet the killed nodes
+                // held, on a node that was not its voter then.
+                if let Some((_, _, tablets)) = &self.killed
                     && self.tally.first_replacement.is_none()
-                    && a.voters.iter().any(|v| dead.contains(&v.node))
-                    && Instant::now() > *at
+                    && tablets.get(&a.tablet).is_some_and(|was| !was.contains(&id))
                 {
                     self.tally.first_replacement = Some(Instant::now());
                 }
@@ -270,7 +276,7 @@ impl Sim {
             return 0;
         };
         tablets
-            .iter()
+            .keys()
             .filter(|t| {
                 self.groups
                     .get(t)
@@ -394,22 +400,31 @@ pub async fn run(cmd: SimCommand) -> anyhow::Result<()> {
                 s.groups.len(),
                 started.elapsed().as_secs_f64()
             );
-            if a.kill > 0 {
-                let dead: BTreeSet<u64> = ids.iter().rev().take(a.kill as usize).copied().collect();
-                let tablets: BTreeSet<u64> = dead
-                    .iter()
-                    .flat_map(|n| s.nodes[n].replicas.keys().copied().collect::<Vec<_>>())
-                    .collect();
-                for n in &dead {
-                    s.nodes.get_mut(n).expect("a node").alive = false;
-                }
-                eprintln!(
-                    "sim: killed {} nodes holding {} tablets",
-                    dead.len(),
-                    tablets.len()
-                );
-                s.killed = Some((Instant::now(), dead, tablets));
+        }
+        let kill_at = started + Duration::from_secs(a.kill_after_s);
+        if a.kill > 0 && s.killed.is_none() && led_at.is_some() && Instant::now() >= kill_at {
+            let dead: BTreeSet<u64> = ids.iter().rev().take(a.kill as usize).copied().collect();
+            let tablets: BTreeMap<u64, BTreeSet<u64>> = dead
+                .iter()
+                .flat_map(|n| s.nodes[n].replicas.keys().copied().collect::<Vec<_>>())
+                .map(|t| {
+                    let voters = s
+                        .groups
+                        .get(&t)
+                        .map(|g| g.voters.iter().map(|v| node_of(*v)).collect())
+                        .unwrap_or_default();
+                    (t, voters)
+                })
+                .collect();
+            for n in &dead {
+                s.nodes.get_mut(n).expect("a node").alive = false;
             }
+            eprintln!(
+                "sim: killed {} nodes holding {} tablets",
+                dead.len(),
+                tablets.len()
+            );
+            s.killed = Some((Instant::now(), dead, tablets));
         }
         if repaired_at.is_none() && s.killed.is_some() && s.unrepaired() == 0 {
             repaired_at = Some(Instant::now());
