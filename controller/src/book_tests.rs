@@ -16,16 +16,7 @@ use crate::state::{CellConfig, Command, IntentKind, IntentState, NodeRec, Reply}
 const TERM: u64 = 5;
 
 fn node(id: u64) -> NodeRec {
-    NodeRec {
-        id,
-        client_endpoint: format!("http://n{id}"),
-        peer_endpoint: format!("127.0.0.1:{id}"),
-        zone: format!("z{id}"),
-        rack: String::new(),
-        capacity: 1,
-        admin: Admin::Active,
-        dead: false,
-    }
+    crate::state::test_node(id)
 }
 
 /// A cell of `nodes` nodes and `tablets` tablets, placed round the nodes.

@@ -9,21 +9,12 @@ use stele_proto::pb;
 use super::*;
 use crate::health::ReportUpdate;
 use crate::load::{SLOT, SLOTS_MAX};
-use crate::state::{Admin, CellConfig, Command, NodeRec, Reply};
+use crate::state::{CellConfig, Command, NodeRec, Reply};
 
 const LEASE: Duration = Duration::from_secs(10);
 
 fn node(id: u64) -> NodeRec {
-    NodeRec {
-        id,
-        client_endpoint: format!("http://n{id}"),
-        peer_endpoint: format!("127.0.0.1:{id}"),
-        zone: format!("z{id}"),
-        rack: String::new(),
-        capacity: 1,
-        admin: Admin::Active,
-        dead: false,
-    }
+    crate::state::test_node(id)
 }
 
 fn leader() -> Answerer {

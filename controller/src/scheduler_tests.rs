@@ -83,16 +83,7 @@ struct Fx {
 }
 
 fn node(id: u64) -> NodeRec {
-    NodeRec {
-        id,
-        client_endpoint: format!("http://n{id}"),
-        peer_endpoint: format!("127.0.0.1:{id}"),
-        zone: format!("z{id}"),
-        rack: String::new(),
-        capacity: 1,
-        admin: Admin::Active,
-        dead: false,
-    }
+    crate::state::test_node(id)
 }
 
 impl Fx {

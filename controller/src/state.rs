@@ -25,6 +25,21 @@ pub fn node_of(replica: u64) -> u64 {
     replica & ((1 << NODE_BITS) - 1)
 }
 
+/// A node record for tests: zone `z<id>`, endpoints from the id.
+#[cfg(test)]
+pub(crate) fn test_node(id: u64) -> NodeRec {
+    NodeRec {
+        id,
+        client_endpoint: format!("http://n{id}"),
+        peer_endpoint: format!("127.0.0.1:{id}"),
+        zone: format!("z{id}"),
+        rack: String::new(),
+        capacity: 1,
+        admin: Admin::Active,
+        dead: false,
+    }
+}
+
 /// Takes the next route generation.
 fn bump(route_generation: &mut u64) -> u64 {
     *route_generation += 1;

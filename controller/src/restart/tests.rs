@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 use stele_proto::pb;
 
 use super::*;
-use crate::state::{Admin, CellConfig, NodeRec};
+use crate::state::CellConfig;
 
 /// A cell of nodes `1..=nodes` with tablets placed as given (replication
 /// 3, or fewer voters where a placement names fewer).
@@ -18,16 +18,7 @@ fn cell(nodes: u64, placement: &[&[u64]]) -> CellState {
         tablets: placement.len() as u32,
     }));
     for id in 1..=nodes {
-        s.apply(Command::Register(NodeRec {
-            id,
-            client_endpoint: format!("http://n{id}"),
-            peer_endpoint: format!("127.0.0.1:{id}"),
-            zone: format!("z{id}"),
-            rack: String::new(),
-            capacity: 1,
-            admin: Admin::Active,
-            dead: false,
-        }));
+        s.apply(Command::Register(crate::state::test_node(id)));
     }
     let list = placement
         .iter()
