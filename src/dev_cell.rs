@@ -149,18 +149,12 @@ async fn wait_ready(controller: &str, tablets: u32) -> anyhow::Result<()> {
     }
 }
 
-/// Turns on the newest tablet log format (coalesced appends) and delta
-/// heartbeats: every member of a dev cell runs this binary. Nothing for a
-/// format that is on already.
+/// Turns on the newest tablet log format (coalesced appends): every
+/// member of a dev cell runs this binary. Nothing when it is on already.
+/// (Delta heartbeats stay off: docs/OPERATIONS.md, "Large cells".)
 async fn enable_formats(controller: &str) -> anyhow::Result<()> {
     let admin = stele_client::admin::Admin::new(vec![controller.to_string()])?;
-    for (name, version) in [
-        (stele_proto::formats::LOG, stele_proto::formats::LOG_MAX),
-        (
-            stele_proto::formats::HEARTBEAT,
-            stele_proto::formats::HEARTBEAT_MAX,
-        ),
-    ] {
+    for (name, version) in [(stele_proto::formats::LOG, stele_proto::formats::LOG_MAX)] {
         let req = stele_proto::pb::EnableFormatRequest {
             name: name.into(),
             version,

@@ -31,6 +31,7 @@ mod driver;
 pub mod error;
 pub mod formats;
 pub mod health;
+mod heartbeat;
 pub mod load;
 pub mod metrics;
 pub mod orders;

@@ -353,12 +353,6 @@ impl Cell {
                     &["cell", "formats", "enable", "log", "2"],
                     Instant::now() + Duration::from_secs(30),
                 )?;
-                // Delta heartbeats: the controller's view of the nodes'
-                // replicas under every fault is the one deltas built.
-                cell.operator_until_ok(
-                    &["cell", "formats", "enable", "heartbeat", "2"],
-                    Instant::now() + Duration::from_secs(30),
-                )?;
             }
         }
         Ok(cell)

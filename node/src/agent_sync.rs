@@ -68,7 +68,9 @@ impl HeartbeatState {
         let all: HashMap<u64, pb::ReplicaReport> =
             reports.into_iter().map(|r| (r.tablet, r)).collect();
         req.report_seq = seq;
-        req.assignments_held = Some(self.generation);
+        // Assignment deltas are asked for under the same gate as report
+        // deltas, so a cell without the format runs the full exchange.
+        req.assignments_held = self.deltas.then_some(self.generation);
         match &self.acked {
             Some((base, held)) if self.deltas => {
                 req.report_base = *base;
@@ -95,10 +97,12 @@ impl HeartbeatState {
     /// Takes a heartbeat answer.
     pub fn answer(&mut self, r: &pb::HeartbeatResponse) -> Taken {
         let Some(sync) = &r.sync else {
-            // A controller from before deltas: it lists everything and
-            // acknowledges nothing.
+            // Everything listed, nothing acknowledged: a controller from
+            // before deltas, or a node that did not ask (the format was
+            // off; if it is on now, the next heartbeat asks).
             self.acked = None;
-            self.deltas = false;
+            self.deltas =
+                stele_proto::formats::version_of(&r.formats, stele_proto::formats::HEARTBEAT) >= 2;
             self.generation = 0;
             self.unfreeze.clear();
             self.assignments = r
