@@ -149,12 +149,13 @@ async fn wait_ready(controller: &str, tablets: u32) -> anyhow::Result<()> {
     }
 }
 
-/// Turns on the newest tablet log format (coalesced appends): every
-/// member of a dev cell runs this binary. Nothing when it is on already.
-/// (Delta heartbeats stay off: docs/OPERATIONS.md, "Large cells".)
+/// Turns on the newest tablet log format (coalesced appends) and delta
+/// heartbeats: every member of a dev cell runs this binary. Nothing when
+/// they are on already.
 async fn enable_formats(controller: &str) -> anyhow::Result<()> {
+    use stele_proto::formats::{HEARTBEAT, HEARTBEAT_MAX, LOG, LOG_MAX};
     let admin = stele_client::admin::Admin::new(vec![controller.to_string()])?;
-    for (name, version) in [(stele_proto::formats::LOG, stele_proto::formats::LOG_MAX)] {
+    for (name, version) in [(LOG, LOG_MAX), (HEARTBEAT, HEARTBEAT_MAX)] {
         let req = stele_proto::pb::EnableFormatRequest {
             name: name.into(),
             version,

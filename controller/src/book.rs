@@ -263,6 +263,13 @@ impl Book {
         }
     }
 
+    /// Whether the book assigns replica `replica_id` to `node`.
+    pub fn assigns(&self, node: u64, replica_id: u64) -> bool {
+        self.nodes
+            .get(&node)
+            .is_some_and(|nb| nb.held.values().any(|(a, _)| a.replica_id == replica_id))
+    }
+
     /// Assignments the book holds, over all nodes (for tests and status).
     pub fn filed(&self) -> usize {
         self.nodes.values().map(|n| n.held.len()).sum()

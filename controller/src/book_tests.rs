@@ -292,3 +292,38 @@ fn a_refresh_of_an_unchanged_state_changes_no_generation() {
     book.refresh(&s, 2, Instant::now() + Duration::from_secs(1));
     assert_eq!(book.answer(3, g).generation, g);
 }
+
+/// The heartbeat handler withholds the retirement of a replica the book
+/// still assigns (a refresh waiting out the rate limit): told to retire
+/// it and still holding its assignment, the node would create it again.
+#[test]
+fn a_moved_replica_is_assigned_until_the_book_catches_up() {
+    let mut s = cell(4, 2);
+    let t0 = Instant::now();
+    let mut book = Book::new(TERM);
+    book.refresh(&s, 1, t0);
+    let t = *full(&s, 1).keys().next().unwrap();
+    let old = s.replica_on(&s.tablets[&t], 1).unwrap();
+    let to = (1..=4)
+        .find(|n| s.tablets[&t].voters.iter().all(|r| r.node != *n))
+        .unwrap();
+    let Reply::Intent(intent) = s.apply(Command::StartMove {
+        tablet: t,
+        from: 1,
+        to,
+        reason: "test".into(),
+        expect_generation: 0,
+    }) else {
+        panic!("no move");
+    };
+    assert_eq!(s.apply(Command::FinishMove { intent }), Reply::Ok);
+    assert!(s.retired[&1].contains(&old), "the moved replica retires");
+    book.refresh(&s, 2, t0 + REFRESH_MIN / 2);
+    assert!(book.assigns(1, old.replica_id), "the book caught up early");
+    book.refresh(&s, 2, t0 + REFRESH_MIN);
+    assert!(!book.assigns(1, old.replica_id));
+    assert!(
+        !book.assigns(9, old.replica_id),
+        "a node the book never saw"
+    );
+}

@@ -6,7 +6,6 @@
 use std::time::Instant;
 
 use stele_proto::pb;
-use stele_quorum::refuse;
 use tonic::{Request, Response, Status};
 
 use crate::api::Api;
@@ -37,20 +36,20 @@ impl Api {
             replicas: req.replicas,
             gone: req.gone,
         };
-        if update.base != 0 && c.quorum.state().format(stele_proto::formats::HEARTBEAT) < 2 {
-            return Err(refuse(
-                "report_base",
-                "delta reports before the cell's heartbeat format is 2",
-            ));
-        }
-        let taken = Controller::blocking(|| {
-            let mut h = c.health();
-            let taken = h.heartbeat(reg.id, update, now, c.opts.split.window);
-            if taken && let Some(load) = &load {
-                h.record_load(reg.id, load, now);
-            }
-            taken
-        });
+        // A delta before the cell's heartbeat format is 2 is not taken
+        // (answered like a delta without its base: the node sends its
+        // full reports at once). An error instead would fail every later
+        // heartbeat of a node that holds a base, until its lease ran out.
+        let deltas_on = c.quorum.state().format(stele_proto::formats::HEARTBEAT) >= 2;
+        let taken = (update.base == 0 || deltas_on)
+            && Controller::blocking(|| {
+                let mut h = c.health();
+                let taken = h.heartbeat(reg.id, update, now, c.opts.split.window);
+                if taken && let Some(load) = &load {
+                    h.record_load(reg.id, load, now);
+                }
+                taken
+            });
         if !taken {
             crate::metrics::record_heartbeat_resync();
             return Ok(Response::new(pb::HeartbeatResponse {
@@ -87,7 +86,7 @@ impl Api {
             }
             c.propose(Command::Register(rec.clone())).await?;
         }
-        Ok(Response::new(Controller::blocking(|| {
+        Controller::blocking(|| {
             self.answer(
                 rec.id,
                 req.assignments_held,
@@ -95,7 +94,8 @@ impl Api {
                 token_epoch,
                 now,
             )
-        })))
+        })
+        .map(Response::new)
     }
 
     /// The answer to node `node`'s heartbeat (already taken): in full, or
@@ -107,19 +107,41 @@ impl Api {
         seq: u64,
         token_epoch: Option<u64>,
         now: Instant,
-    ) -> pb::HeartbeatResponse {
+    ) -> Result<pb::HeartbeatResponse, Status> {
         let c = &self.0;
+        // The term and the leadership from one view: a member that has
+        // just lost the lead must not start a book numbered by the new
+        // leader's term (its generations would clash with that leader's).
+        let term = c.quorum.leading_term().ok_or_else(|| c.not_leader())?;
         // Read before the state: the book's index is never newer than the
         // state it was built from.
-        let (term, applied) = (c.quorum.term(), c.quorum.applied_index().unwrap_or(0));
+        let applied = c.quorum.applied_index().unwrap_or(0);
         let s = c.quorum.state();
-        let (assignments, peers, sync) = match held {
+        let retired = |keep: &dyn Fn(&crate::state::ReplicaRec) -> bool| -> Vec<pb::ReplicaRef> {
+            s.retired
+                .get(&node)
+                .into_iter()
+                .flatten()
+                .filter(|r| keep(r))
+                .map(|r| pb::ReplicaRef {
+                    replica_id: r.replica_id,
+                    node: r.node,
+                })
+                .collect()
+        };
+        let (assignments, peers, sync, retire) = match held {
             Some(held) => {
-                let answer = {
+                let (answer, retire) = {
                     let mut book = c.book(term);
                     let book = book.get_or_insert_with(|| crate::book::Book::new(term));
                     book.refresh(&s, applied, now);
-                    book.answer(node, held)
+                    // The book may be behind the state (refreshes are
+                    // spaced): a replica it still assigns here is not
+                    // retired in the same answer, or the node would delete
+                    // it and then create it again from the assignment it
+                    // holds. It is retired once the book files its removal.
+                    let retire = retired(&|r| !book.assigns(node, r.replica_id));
+                    (book.answer(node, held), retire)
                 };
                 let unfreeze = {
                     let h = c.health();
@@ -148,31 +170,21 @@ impl Api {
                     answer.assignments,
                     answer.peers.unwrap_or_default(),
                     Some(sync),
+                    retire,
                 )
             }
             None => (
                 crate::orders::assignments(&s, &c.health(), node),
                 crate::book::peers_of(&s),
                 None,
+                retired(&|_| true),
             ),
         };
-        let retire = s
-            .retired
-            .get(&node)
-            .map(|set| {
-                set.iter()
-                    .map(|r| pb::ReplicaRef {
-                        replica_id: r.replica_id,
-                        node: r.node,
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
         let node_state = s
             .nodes
             .get(&node)
             .map_or("up", |n| n.placement_state().name());
-        pb::HeartbeatResponse {
+        Ok(pb::HeartbeatResponse {
             node_state: node_state.into(),
             assignments,
             retire,
@@ -181,6 +193,6 @@ impl Api {
             formats: stele_proto::formats::to_pb(&s.formats),
             tokens: s.tokens.keys_pb(token_epoch),
             sync,
-        }
+        })
     }
 }

@@ -348,11 +348,14 @@ impl Cell {
             )?;
             if cell.coalesces() {
                 // Refused until every node has reported its build in a
-                // heartbeat.
-                cell.operator_until_ok(
-                    &["cell", "formats", "enable", "log", "2"],
-                    Instant::now() + Duration::from_secs(30),
-                )?;
+                // heartbeat. Delta heartbeats too: the churn the nemeses
+                // make (moves, splits, merges, kills) runs over them.
+                for (name, version) in [("log", "2"), ("heartbeat", "2")] {
+                    cell.operator_until_ok(
+                        &["cell", "formats", "enable", name, version],
+                        Instant::now() + Duration::from_secs(30),
+                    )?;
+                }
             }
         }
         Ok(cell)

@@ -259,7 +259,19 @@ impl Agent {
                 .map(|p| (p.node, p.client_endpoint.clone())),
         );
         let assignments = self.sync.lock().expect("lock poisoned").assignments();
-        for a in &assignments {
+        // A replica this answer retires is never created from an
+        // assignment (one held from an earlier answer may lag the retire
+        // list): created, it would outlive its retirement.
+        let retiring: BTreeSet<u64> = r
+            .retire
+            .iter()
+            .filter(|rr| rr.node == me)
+            .map(|rr| rr.replica_id)
+            .collect();
+        for a in assignments
+            .iter()
+            .filter(|a| !retiring.contains(&a.replica_id))
+        {
             let spec = ReplicaSpec {
                 tablet: a.tablet,
                 replica_id: a.replica_id,
@@ -323,6 +335,12 @@ impl Agent {
             let catch_up = self.opts.catch_up;
             let tablet = a.tablet;
             tokio::spawn(async move {
+                // A group that sleeps has a leader without a lease: every
+                // change below would be refused until something woke it,
+                // and a tablet nobody writes to is never woken otherwise.
+                if let Err(e) = replica.wake().await {
+                    tracing::debug!(tablet, error = %e, "wake before a membership change");
+                }
                 let result = membership::reconcile(
                     &replica.raft,
                     replica.replica_id,

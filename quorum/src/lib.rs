@@ -265,6 +265,16 @@ impl<S: QuorumState> Quorum<S> {
         self.raft.metrics().borrow_watched().current_leader == Some(self.id)
     }
 
+    /// The term this member leads in, read together with its leadership
+    /// from one view of the metrics; `None` when it does not lead. Soft
+    /// state numbered by term (the controller's heartbeat book) is built
+    /// only under this, never for a term another member leads.
+    pub fn leading_term(&self) -> Option<u64> {
+        let m = self.raft.metrics();
+        let m = m.borrow_watched();
+        (m.current_leader == Some(self.id)).then_some(m.current_term)
+    }
+
     /// The group's members (id -> endpoint) as this member knows them.
     pub fn members(&self) -> BTreeMap<u64, String> {
         let m = self.raft.metrics();

@@ -38,8 +38,8 @@ pub struct ControlledCell {
     /// such builds. Otherwise every listener is TLS.
     pub plaintext: bool,
     /// `start` turns on delta heartbeats (`stele cell formats enable
-    /// heartbeat 2`) when every process runs the binary under test. Off
-    /// unless a test sets it.
+    /// heartbeat 2`) when every process runs the binary under test. On
+    /// unless a test clears it.
     pub heartbeat_deltas: bool,
 }
 
@@ -79,7 +79,7 @@ impl ControlledCell {
             advertise: None,
             binaries: HashMap::new(),
             plaintext: false,
-            heartbeat_deltas: false,
+            heartbeat_deltas: true,
         }
     }
 

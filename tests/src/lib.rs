@@ -79,8 +79,22 @@ impl Proc {
         let stdout = child.stdout.take().expect("piped stdout");
         let stderr = child.stderr.take().expect("piped stderr");
         let (err_tx, err_rx) = mpsc::channel();
+        // STELE_TEST_LOG_DIR=DIR keeps every process's stderr in
+        // DIR/<pid>.log (its command line first), for a failure that only
+        // shows under load; the test tempdirs go with the test.
+        let mut keep = std::env::var_os("STELE_TEST_LOG_DIR").and_then(|dir| {
+            let path = Path::new(&dir).join(format!("{}.log", child.id()));
+            let mut f = std::fs::File::create(path).ok()?;
+            use std::io::Write;
+            writeln!(f, "{} {}", bin.display(), args.join(" ")).ok()?;
+            Some(f)
+        });
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(f) = keep.as_mut() {
+                    use std::io::Write;
+                    let _ = writeln!(f, "{line}");
+                }
                 let _ = err_tx.send(line);
             }
         });

@@ -128,6 +128,19 @@ async fn dev_nodes_3_runs_a_replicated_cell_and_stops_it() {
     assert_eq!(cs["nodes_up"], 3, "{cs}");
     assert_eq!(cs["tablets"], 4, "{cs}");
     assert_eq!(cs["tablets_unplaced"], 0, "{cs}");
+    // Every member runs this build: dev turns on coalesced appends and
+    // delta heartbeats.
+    let (ok, out, err) = stele_tests::run(&["cell", "formats", "--controllers", &ctl, "--json"]);
+    assert!(ok, "{err}");
+    let f: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    for (name, version) in [("log", 2), ("heartbeat", 2)] {
+        let on = f["formats"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["name"] == name && x["version"] == version);
+        assert!(on, "{name} {version} not on in a dev cell: {f}");
+    }
     let routed = Client::connect_cell(std::slice::from_ref(&ctl), ClientOptions::default())
         .await
         .unwrap();

@@ -108,9 +108,10 @@ async fn heartbeats_carry_only_changes_and_a_new_leader_resyncs() {
         .collect();
     let leader = leader_controller(&cell);
 
-    // Before the format: a delta report is refused, typed, and the
-    // nodes' reports go in full (their answers are deltas already: a node
-    // asks for those, and this controller knows them).
+    // Before the format: a delta report is not taken (answered as a
+    // delta without its base, so the node resends in full at once, never
+    // an error that would fail its every later heartbeat), and the
+    // nodes' reports go in full.
     let as_node = stele_tests::tls::identity(&cell.dir.path().join("certs1"));
     let mut hb = pb::controller_client::ControllerClient::new(stele_tests::tls::channel(
         &cell.controller_endpoint(leader),
@@ -135,17 +136,14 @@ async fn heartbeats_carry_only_changes_and_a_new_leader_resyncs() {
         assignments_held: Some(0),
         ..Default::default()
     };
-    let err = hb
+    let early = hb
         .heartbeat(forged(7, ids.clone()))
         .await
-        .expect_err("a delta before the format");
-    assert!(
-        matches!(
-            stele_proto::Error::from_status(&err),
-            stele_proto::Error::InvalidArgument { .. }
-        ),
-        "{err:?}"
-    );
+        .expect("a delta before the format is answered")
+        .into_inner();
+    let sync = early.sync.expect("a resync answer");
+    assert_eq!(sync.reports_acked, 0, "a delta before the format was taken");
+    assert!(early.assignments.is_empty());
     let ctl_port = |c: usize| http + c as u16 - 1;
     assert_eq!(
         total(&node_ports, "stele_node_heartbeat_delta_reports_total"),

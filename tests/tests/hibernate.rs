@@ -170,3 +170,76 @@ async fn statuses(cell: &Cell, nodes: &[usize]) -> Vec<pb::StatusResponse> {
     }
     out
 }
+
+/// Replicas asleep on each node of a controlled cell (`stele status`).
+fn asleep_per_node(cell: &stele_tests::controlled::ControlledCell) -> Vec<u64> {
+    cell.node_list()
+        .iter()
+        .map(|n| {
+            let ep = n["client_endpoint"].as_str().unwrap();
+            let (ok, out, err) = stele_tests::run(&["status", "--endpoint", ep, "--json"]);
+            assert!(ok, "status of {ep}: {err}");
+            let s: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+            s["replicas_asleep"].as_u64().unwrap()
+        })
+        .collect()
+}
+
+/// A move of a tablet whose group sleeps: nobody writes to it, so only
+/// the move can wake it. A sleeping leader has no lease, and openraft
+/// refuses a membership change on a leader without one; the move once
+/// waited on a group nothing woke until the controller gave it up (and
+/// started it again, forever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_wakes_a_sleeping_tablet_and_finishes() {
+    let mut cell = stele_tests::controlled::ControlledCell::new(1, 4);
+    cell.node_flags
+        .extend(["--hibernate-after-ms".into(), "300".into()]);
+    let (_controllers, _nodes) = cell.start(2);
+    // Every replica of both tablets asleep (two tablets, three voters).
+    let start = Instant::now();
+    loop {
+        let asleep = asleep_per_node(&cell);
+        if asleep.iter().sum::<u64>() == 6 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "replicas asleep per node: {asleep:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let t = &cell.tablets()[0];
+    let id = t["id"].as_u64().unwrap().to_string();
+    let voters = stele_tests::controlled::voter_nodes(t);
+    let to = (1..=4u64).find(|n| !voters.contains(n)).unwrap();
+    // From a follower: the sleeping leader itself must add the new voter
+    // (a leader that moves away hands over first, and its successor
+    // starts with a lease).
+    let from = *voters.iter().find(|n| t["leader_node"] != **n).unwrap();
+    let (ok, out, err) = cell.cli(&[
+        "tablet",
+        "move",
+        &id,
+        "--from",
+        &from.to_string(),
+        "--to",
+        &to.to_string(),
+        "--wait",
+        "--timeout",
+        "30s",
+    ]);
+    assert!(ok, "the move of a sleeping tablet: {out}{err}");
+    let i: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(i["state"], "done", "{i}");
+    let moved = cell
+        .tablets()
+        .into_iter()
+        .find(|x| x["id"] == t["id"])
+        .unwrap();
+    let now = stele_tests::controlled::voter_nodes(&moved);
+    assert!(
+        now.contains(&to) && !now.contains(&from),
+        "{voters:?} -> {now:?}"
+    );
+}

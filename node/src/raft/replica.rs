@@ -230,6 +230,14 @@ impl Replica {
         Ok(())
     }
 
+    /// Wakes the group for work that goes to openraft directly (a
+    /// membership change, a leadership transfer): a sleeping leader's
+    /// lease has lapsed, and openraft refuses such changes on a leader
+    /// without one (`LeaseExpired`) until a read index renews it.
+    pub async fn wake(&self) -> Result<(), ProposeError> {
+        self.wake_for_request().await
+    }
+
     /// Proposes `cmd` and waits for it to be applied here.
     pub async fn propose(&self, cmd: TabletCommand) -> Result<TabletResponse, ProposeError> {
         self.wake_for_request().await?;
