@@ -81,6 +81,25 @@ fn full(s: &CellState, node: u64) -> BTreeMap<u64, pb::Assignment> {
         .collect()
 }
 
+/// Starts the move of node 1's first tablet to a node without one, in a
+/// cell of four nodes: (tablet, intent).
+fn move_off_node_1(s: &mut CellState) -> (u64, u64) {
+    let t = *full(s, 1).keys().next().unwrap();
+    let to = (1..=4)
+        .find(|n| s.tablets[&t].voters.iter().all(|r| r.node != *n))
+        .unwrap();
+    let Reply::Intent(intent) = s.apply(Command::StartMove {
+        tablet: t,
+        from: 1,
+        to,
+        reason: "test".into(),
+        expect_generation: 0,
+    }) else {
+        panic!("no move");
+    };
+    (t, intent)
+}
+
 #[test]
 fn a_node_gets_everything_once_then_only_what_changed() {
     let mut s = cell(4, 8);
@@ -99,19 +118,7 @@ fn a_node_gets_everything_once_then_only_what_changed() {
     assert!(quiet.assignments.is_empty() && quiet.removed.is_empty() && quiet.peers.is_none());
     // A move of a tablet onto node 4, then its end: node 1 (a voter of
     // tablet 1) sees the voters change, then, moved away, the removal.
-    let t = *full(&s, 1).keys().next().unwrap();
-    let to = (1..=4)
-        .find(|n| s.tablets[&t].voters.iter().all(|r| r.node != *n))
-        .unwrap();
-    let Reply::Intent(intent) = s.apply(Command::StartMove {
-        tablet: t,
-        from: 1,
-        to,
-        reason: "test".into(),
-        expect_generation: 0,
-    }) else {
-        panic!("no move");
-    };
+    let (t, intent) = move_off_node_1(&mut s);
     refresh(&mut book, &s, &mut applied, &mut now);
     let moving = book.answer(1, n1.generation);
     assert!(moving.delta);
@@ -302,20 +309,9 @@ fn a_moved_replica_is_assigned_until_the_book_catches_up() {
     let t0 = Instant::now();
     let mut book = Book::new(TERM);
     book.refresh(&s, 1, t0);
-    let t = *full(&s, 1).keys().next().unwrap();
+    let (t, intent) = move_off_node_1(&mut s);
+    // Still held (leaving) until the move finishes.
     let old = s.replica_on(&s.tablets[&t], 1).unwrap();
-    let to = (1..=4)
-        .find(|n| s.tablets[&t].voters.iter().all(|r| r.node != *n))
-        .unwrap();
-    let Reply::Intent(intent) = s.apply(Command::StartMove {
-        tablet: t,
-        from: 1,
-        to,
-        reason: "test".into(),
-        expect_generation: 0,
-    }) else {
-        panic!("no move");
-    };
     assert_eq!(s.apply(Command::FinishMove { intent }), Reply::Ok);
     assert!(s.retired[&1].contains(&old), "the moved replica retires");
     book.refresh(&s, 2, t0 + REFRESH_MIN / 2);
