@@ -31,7 +31,8 @@ pub struct AgentOptions {
     pub capacity: u32,
     /// Heartbeat period (the lease renew interval).
     pub interval: Duration,
-    /// How long a leader waits for a new learner to catch up per attempt.
+    /// How long a leader waits for a new learner to catch up per attempt,
+    /// and at most for any other membership step or leadership transfer.
     pub catch_up: Duration,
     /// For `https://` controllers: the cell CA and this node's certificate
     /// (the controllers take heartbeats only from it).

@@ -366,13 +366,17 @@ async fn certificates_rotate_on_a_live_cell_under_load() {
                 .unwrap()
         })
         .collect();
-    write_in_place(&hidden, &certs3);
+    // Each file is written beside its place with the old time set, then
+    // renamed over it: the watch never sees a moment with a new time
+    // (writing in place and putting the time back after left one, which a
+    // poll under load caught, and the node took the pair unasked).
     for (f, t) in ["node.key", "node.pem"].iter().zip(times) {
-        let file = std::fs::File::options()
-            .write(true)
-            .open(certs3.join(f))
-            .unwrap();
+        let staged = certs3.join(format!("{f}.staged"));
+        std::fs::write(&staged, std::fs::read(hidden.join(f)).unwrap()).unwrap();
+        let file = std::fs::File::options().write(true).open(&staged).unwrap();
         file.set_modified(t).unwrap();
+        drop(file);
+        std::fs::rename(&staged, certs3.join(f)).unwrap();
     }
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let only_node3 = HashMap::from([(3, new[&3].clone())]);

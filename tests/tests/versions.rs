@@ -52,6 +52,9 @@ fn formats_are_gated_until_every_member_supports_them() {
     // Heartbeats as nodes of older builds, sent by hand: plaintext (the
     // gate is about formats, not identities; TLS has tests of its own).
     cell.plaintext = true;
+    // Nodes of older builds must be able to join: no format they lack is
+    // on (delta heartbeats would refuse them, as they should).
+    cell.heartbeat_deltas = false;
     // Seals every second, so a short load leaves segments to look at.
     cell.node_flags
         .extend(["--memtable-age-max-s".into(), "1".into()]);

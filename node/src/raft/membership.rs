@@ -35,6 +35,22 @@ pub enum Error {
     },
     #[error("learner {replica} did not catch up within {catch_up:?}")]
     CatchUp { replica: u64, catch_up: Duration },
+    /// A change or transfer openraft did not answer in time (a leader
+    /// that lost its quorum without stepping down): given up here so the
+    /// next heartbeat's reconcile starts afresh from what the group shows.
+    #[error("{what} not answered within {after:?}")]
+    Timeout { what: &'static str, after: Duration },
+}
+
+/// `f`, given up after `after`.
+async fn bounded<T>(
+    what: &'static str,
+    after: Duration,
+    f: impl std::future::Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    tokio::time::timeout(after, f)
+        .await
+        .unwrap_or(Err(Error::Timeout { what, after }))
 }
 
 /// A group's effective membership as one replica sees it.
@@ -81,7 +97,9 @@ pub enum Step {
 
 /// Moves the group one step toward `desired` voters (and the desired
 /// leader, 0 for any). Only the leader acts. Learners are added blocking:
-/// the call returns once they caught up (or `catch_up` passed).
+/// the call returns once they caught up (or `catch_up` passed). Every
+/// other step is bounded by `catch_up` too, so the caller's one change in
+/// flight per tablet never waits on openraft for good.
 pub async fn reconcile(
     raft: &TabletRaft,
     me: u64,
@@ -99,16 +117,22 @@ pub async fn reconcile(
     if !v.joint && v.voters == *desired {
         let extra: BTreeSet<u64> = v.learners.difference(desired).copied().collect();
         if !extra.is_empty() {
-            raft.change_membership(ChangeMembers::RemoveNodes(extra), false)
-                .await
-                .map_err(|e| Error::ChangeMembership(Box::new(e)))?;
+            bounded("removing learners", catch_up, async {
+                raft.change_membership(ChangeMembers::RemoveNodes(extra), false)
+                    .await
+                    .map_err(|e| Error::ChangeMembership(Box::new(e)))
+            })
+            .await?;
             return Ok(Step::RemovedLearners);
         }
         if want_leader != 0 && want_leader != me && desired.contains(&want_leader) {
-            raft.trigger()
-                .transfer_leader(want_leader)
-                .await
-                .map_err(|e| Error::TransferLeader(Box::new(e)))?;
+            bounded("a leadership transfer", catch_up, async {
+                raft.trigger()
+                    .transfer_leader(want_leader)
+                    .await
+                    .map_err(|e| Error::TransferLeader(Box::new(e)))
+            })
+            .await?;
             return Ok(Step::TransferredLeader(want_leader));
         }
         return Ok(Step::Done);
@@ -123,10 +147,13 @@ pub async fn reconcile(
             stays.first().copied()
         };
         if let Some(to) = to {
-            raft.trigger()
-                .transfer_leader(to)
-                .await
-                .map_err(|e| Error::TransferLeader(Box::new(e)))?;
+            bounded("a leadership transfer", catch_up, async {
+                raft.trigger()
+                    .transfer_leader(to)
+                    .await
+                    .map_err(|e| Error::TransferLeader(Box::new(e)))
+            })
+            .await?;
             return Ok(Step::TransferredLeader(to));
         }
         // No staying voter: change first (the group stays available; this
@@ -154,13 +181,39 @@ pub async fn reconcile(
             }
         }
     }
-    raft.change_membership(ChangeMembers::ReplaceAllVoters(desired.clone()), false)
-        .await
-        .map_err(|e| Error::ChangeMembership(Box::new(e)))?;
+    bounded("the voter change", catch_up, async {
+        raft.change_membership(ChangeMembers::ReplaceAllVoters(desired.clone()), false)
+            .await
+            .map_err(|e| Error::ChangeMembership(Box::new(e)))
+    })
+    .await?;
     Ok(Step::ChangedVoters)
 }
 
 /// The voters of a new group, for `initialize`.
 pub fn initial_members(voters: &[u64]) -> BTreeMap<u64, BasicNode> {
     voters.iter().map(|r| (*r, BasicNode::default())).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_step_openraft_never_answers_is_given_up() {
+        let after = Duration::from_millis(20);
+        let hung = bounded(
+            "the voter change",
+            after,
+            std::future::pending::<Result<(), Error>>(),
+        );
+        match hung.await {
+            Err(Error::Timeout { what, after: a }) => {
+                assert_eq!((what, a), ("the voter change", after));
+            }
+            other => panic!("{other:?}"),
+        }
+        let answered = bounded("x", after, async { Err::<(), _>(Error::NoVoters) }).await;
+        assert!(matches!(answered, Err(Error::NoVoters)), "{answered:?}");
+    }
 }
