@@ -95,6 +95,33 @@ pub enum Step {
     NotLeader,
 }
 
+/// A membership change, given up after `after`.
+async fn change(
+    raft: &TabletRaft,
+    members: ChangeMembers<u64, BasicNode>,
+    what: &'static str,
+    after: Duration,
+) -> Result<(), Error> {
+    bounded(what, after, async {
+        raft.change_membership(members, false)
+            .await
+            .map(|_| ())
+            .map_err(|e| Error::ChangeMembership(Box::new(e)))
+    })
+    .await
+}
+
+/// A leadership transfer to `to`, given up after `after`.
+async fn transfer(raft: &TabletRaft, to: u64, after: Duration) -> Result<(), Error> {
+    bounded("a leadership transfer", after, async {
+        raft.trigger()
+            .transfer_leader(to)
+            .await
+            .map_err(|e| Error::TransferLeader(Box::new(e)))
+    })
+    .await
+}
+
 /// Moves the group one step toward `desired` voters (and the desired
 /// leader, 0 for any). Only the leader acts. Learners are added blocking:
 /// the call returns once they caught up (or `catch_up` passed). Every
@@ -117,22 +144,17 @@ pub async fn reconcile(
     if !v.joint && v.voters == *desired {
         let extra: BTreeSet<u64> = v.learners.difference(desired).copied().collect();
         if !extra.is_empty() {
-            bounded("removing learners", catch_up, async {
-                raft.change_membership(ChangeMembers::RemoveNodes(extra), false)
-                    .await
-                    .map_err(|e| Error::ChangeMembership(Box::new(e)))
-            })
+            change(
+                raft,
+                ChangeMembers::RemoveNodes(extra),
+                "removing learners",
+                catch_up,
+            )
             .await?;
             return Ok(Step::RemovedLearners);
         }
         if want_leader != 0 && want_leader != me && desired.contains(&want_leader) {
-            bounded("a leadership transfer", catch_up, async {
-                raft.trigger()
-                    .transfer_leader(want_leader)
-                    .await
-                    .map_err(|e| Error::TransferLeader(Box::new(e)))
-            })
-            .await?;
+            transfer(raft, want_leader, catch_up).await?;
             return Ok(Step::TransferredLeader(want_leader));
         }
         return Ok(Step::Done);
@@ -147,13 +169,7 @@ pub async fn reconcile(
             stays.first().copied()
         };
         if let Some(to) = to {
-            bounded("a leadership transfer", catch_up, async {
-                raft.trigger()
-                    .transfer_leader(to)
-                    .await
-                    .map_err(|e| Error::TransferLeader(Box::new(e)))
-            })
-            .await?;
+            transfer(raft, to, catch_up).await?;
             return Ok(Step::TransferredLeader(to));
         }
         // No staying voter: change first (the group stays available; this
@@ -181,12 +197,8 @@ pub async fn reconcile(
             }
         }
     }
-    bounded("the voter change", catch_up, async {
-        raft.change_membership(ChangeMembers::ReplaceAllVoters(desired.clone()), false)
-            .await
-            .map_err(|e| Error::ChangeMembership(Box::new(e)))
-    })
-    .await?;
+    let voters = ChangeMembers::ReplaceAllVoters(desired.clone());
+    change(raft, voters, "the voter change", catch_up).await?;
     Ok(Step::ChangedVoters)
 }
 
