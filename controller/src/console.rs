@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::health::HealthView;
+use crate::placement::majority_lost;
 use crate::server::Controller;
 use crate::state::{CellState, IntentKind, IntentRec, IntentState, MergePhase, node_of};
 
@@ -62,6 +63,7 @@ pub struct Summary {
     pub nodes_total: usize,
     pub tablets: usize,
     pub under_replicated: usize,
+    pub lost_majority: usize,
     pub unplaced: usize,
     pub intents_open: usize,
 }
@@ -110,8 +112,10 @@ pub struct TabletView {
     pub segment_bytes: u64,
     pub records_applied: u64,
     /// ok, under-replicated (fewer voters on `up` nodes than the
-    /// replication factor), unplaced (no voters); `unknown` when only
-    /// the leader could tell.
+    /// replication factor), lost-majority (at least half of its voters on
+    /// dead or decommissioned nodes: it can neither elect nor be
+    /// repaired), unplaced (no voters); `unknown` when only the leader
+    /// could tell.
     pub health: &'static str,
     /// The open intent on it (0: none).
     pub intent: u64,
@@ -217,15 +221,25 @@ pub fn view(
         .filter(|n| n.state == "up")
         .map(|n| n.id)
         .collect();
+    let gone: BTreeSet<u64> = nodes
+        .iter()
+        .filter(|n| n.state == "dead" || n.state == "decommissioned")
+        .map(|n| n.id)
+        .collect();
     let tablets: Vec<TabletView> = s
         .tablets
         .values()
         .map(|t| {
             let leader_report = leaders.get(&t.id);
+            let voter_nodes: Vec<u64> = t.voters.iter().map(|r| r.node).collect();
             let health = if t.voters.is_empty() {
                 "unplaced"
             } else if !leading {
                 "unknown"
+            } else if majority_lost(&voter_nodes, |n| {
+                gone.contains(&n) || !s.nodes.contains_key(&n)
+            }) {
+                "lost-majority"
             } else if t.voters.iter().filter(|r| up.contains(&r.node)).count()
                 < replication as usize
             {
@@ -238,7 +252,7 @@ pub fn view(
                 lo: t.lo,
                 hi: t.hi,
                 generation: t.generation,
-                voters: t.voters.iter().map(|r| r.node).collect(),
+                voters: voter_nodes,
                 leaving: t.leaving.map(|r| r.node),
                 leader: leader_report.map(|r| node_of(r.replica_id)),
                 segment_bytes: leader_report.map_or(0, |r| r.segment_bytes),
@@ -270,6 +284,10 @@ pub fn view(
         under_replicated: tablets
             .iter()
             .filter(|t| t.health == "under-replicated")
+            .count(),
+        lost_majority: tablets
+            .iter()
+            .filter(|t| t.health == "lost-majority")
             .count(),
         unplaced: tablets.iter().filter(|t| t.health == "unplaced").count(),
         intents_open: intents.iter().filter(|i| i.open).count(),

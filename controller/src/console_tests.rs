@@ -136,6 +136,23 @@ fn a_silent_node_turns_suspect_then_dead_and_its_tablets_under_replicated() {
 }
 
 #[test]
+fn a_tablet_with_most_voters_on_dead_nodes_lost_its_majority() {
+    let t0 = Instant::now();
+    let (s, mut h) = cell(5, &[&[1, 2, 3], &[2, 4, 5], &[1, 4, 5]], t0);
+    // Suspect nodes still count as alive.
+    beat_all(&s, &mut h, t0 + Duration::from_secs(6), &[2, 3]);
+    let v = view(&s, &h, &leader(), LEASE, t0 + Duration::from_secs(6));
+    assert_eq!(v.tablets[0].health, "under-replicated");
+    assert_eq!(v.summary.lost_majority, 0);
+    beat_all(&s, &mut h, t0 + Duration::from_secs(11), &[2, 3]);
+    let v = view(&s, &h, &leader(), LEASE, t0 + Duration::from_secs(11));
+    let health: Vec<&str> = v.tablets.iter().map(|t| t.health).collect();
+    assert_eq!(health, ["lost-majority", "under-replicated", "ok"]);
+    assert_eq!(v.summary.lost_majority, 1);
+    assert_eq!(v.summary.under_replicated, 1, "counted once, as lost");
+}
+
+#[test]
 fn a_tablet_without_voters_is_unplaced_and_without_a_leader_has_none() {
     let t0 = Instant::now();
     let (mut s, _) = cell(3, &[&[1, 2, 3]], t0);

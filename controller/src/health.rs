@@ -6,7 +6,7 @@
 //! anything dead. Everything here is pure: the clock is an argument, so
 //! the scheduler's tests build a view by hand.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use stele_proto::pb;
@@ -49,6 +49,9 @@ pub struct HealthView {
     /// Each node's recent load (the console's charts), bounded per node
     /// ([`crate::load`]) and kept only for nodes the state names.
     pub node_loads: HashMap<u64, LoadRing>,
+    /// The tablets the last repair pass found with most of their voters on
+    /// dead nodes (so a pass warns only of newly lost ones).
+    pub lost_majority: BTreeSet<u64>,
 }
 
 /// One node's replica reports, by tablet (a node holds at most one
@@ -113,6 +116,8 @@ pub enum Note {
     LoadsReset { tablets: Vec<u64>, now: Instant },
     /// Leaders were considered for balancing.
     LeaderBalance { now: Instant },
+    /// The tablets repair last found without a majority of live voters.
+    LostMajority(BTreeSet<u64>),
 }
 
 impl HealthView {
@@ -291,6 +296,7 @@ impl HealthView {
                 }
             }
             Note::LeaderBalance { now } => self.last_leader_balance = Some(now),
+            Note::LostMajority(tablets) => self.lost_majority = tablets,
         }
     }
 

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use ::metrics::{counter, gauge, histogram};
 
+use crate::placement::majority_lost;
 use crate::server::Controller;
 use crate::state::{CellState, IntentKind, IntentState};
 
@@ -103,12 +104,15 @@ pub fn observe(c: &Controller) {
     observe_health(c, &s, leading);
 }
 
-/// The leader-only gauges: node states, under-replicated tablets, the
+/// The leader-only gauges: node states, under-replicated tablets and
+/// those that lost their majority (counted once, as the latter), the
 /// oldest pending intent of each kind. Zero on a follower.
 fn observe_health(c: &Controller, s: &CellState, leading: bool) {
     let now = Instant::now();
     let mut states: BTreeMap<&str, u64> = BTreeMap::new();
     let mut up = BTreeSet::new();
+    // Nodes neither dead nor decommissioned.
+    let mut alive = BTreeSet::new();
     let mut oldest: BTreeMap<&str, f64> = BTreeMap::new();
     if leading {
         let h = c.health();
@@ -117,6 +121,9 @@ fn observe_health(c: &Controller, s: &CellState, leading: bool) {
             let state = h.status(n, now, lease);
             if state == "up" {
                 up.insert(n.id);
+            }
+            if state != "dead" && state != "decommissioned" {
+                alive.insert(n.id);
             }
             *states.entry(state).or_default() += 1;
         }
@@ -137,16 +144,17 @@ fn observe_health(c: &Controller, s: &CellState, leading: bool) {
         gauge!("stele_controller_intent_oldest_seconds", "kind" => k).set(age);
     }
     let replication = s.cell.as_ref().map_or(0, |c| c.replication) as usize;
-    let under = if leading {
-        s.tablets
-            .values()
-            .filter(|t| {
-                !t.voters.is_empty()
-                    && t.voters.iter().filter(|r| up.contains(&r.node)).count() < replication
-            })
-            .count()
-    } else {
-        0
-    };
+    let (mut under, mut lost) = (0, 0);
+    if leading {
+        for t in s.tablets.values().filter(|t| !t.voters.is_empty()) {
+            let voter_nodes: Vec<u64> = t.voters.iter().map(|r| r.node).collect();
+            if majority_lost(&voter_nodes, |n| !alive.contains(&n)) {
+                lost += 1;
+            } else if voter_nodes.iter().filter(|n| up.contains(n)).count() < replication {
+                under += 1;
+            }
+        }
+    }
     gauge!("stele_controller_tablets_under_replicated").set(under as f64);
+    gauge!("stele_controller_tablets_lost_majority").set(lost as f64);
 }

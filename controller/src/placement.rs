@@ -230,6 +230,19 @@ pub struct RepairPlan {
     pub moves: Vec<Move>,
     /// One `WouldBreakPlacement` per tablet that could not be repaired.
     pub unplaceable: Vec<PlacementError>,
+    /// Tablets that need a move but lost most of their voters to gone
+    /// nodes ([`majority_lost`]): their group cannot commit the change, so
+    /// repair leaves them to the nodes' return or an operator.
+    pub lost_majority: Vec<TabletId>,
+}
+
+/// Whether a group whose voters are on `voter_nodes` has lost its majority:
+/// at least half of them are on nodes for which `gone` holds, so the rest
+/// can neither elect a leader nor commit a change of voters. False for no
+/// voters.
+pub fn majority_lost(voter_nodes: &[NodeId], gone: impl Fn(NodeId) -> bool) -> bool {
+    let lost = voter_nodes.iter().filter(|&&n| gone(n)).count();
+    !voter_nodes.is_empty() && lost * 2 >= voter_nodes.len()
 }
 
 /// A snapshot of the cell to plan against.
@@ -299,14 +312,26 @@ impl Cluster<'_> {
     /// Targets are `Up` nodes chosen as in [`Cluster::place_new`]. A tablet
     /// with more voters than `replication` still gets its bad voters
     /// replaced, but never loses one: a `Move` cannot express a removal.
+    /// A tablet with most of its voters on `Dead` or `Decommissioned` (or
+    /// missing) nodes gets no move: it goes to `lost_majority`.
     pub fn repair(&self) -> RepairPlan {
         let topo = Topology::new(self.nodes, self.replication);
         let mut loads = Loads::new(&topo, self.tablets);
         let mut plan = RepairPlan::default();
+        let gone = |v: NodeId| {
+            matches!(
+                topo.node(v).map(|n| topo.states[n]),
+                None | Some(NodeState::Dead | NodeState::Decommissioned)
+            )
+        };
         for tablet in self.tablets.iter().filter(|t| !t.busy) {
             let Some(from) = self.repair_source(&topo, tablet) else {
                 continue;
             };
+            if majority_lost(&tablet.voters, &gone) {
+                plan.lost_majority.push(tablet.id);
+                continue;
+            }
             match replacement(&topo, &loads, tablet, from) {
                 Ok(to) => {
                     loads.add(to);

@@ -6,7 +6,8 @@
 //!   driver (each tick)          scheduler (pure)
 //!   ------------------          ----------------
 //!   clock, state, health  --->  plan(state, health, now) -> Plan
-//!   propose / note / log  <---  Plan::next(reply)         (one step at a time)
+//!   propose / note / log  <---  Plan::batch(n)            (what needs no reply)
+//!   replies               --->  Plan::replied(replies)    (what they change)
 //! ```
 //!
 //! One pass, in order: leases (nodes whose lease ran out are declared dead);
@@ -22,10 +23,12 @@
 //! proposal of the same pass went, the plan says so instead of guessing:
 //! the intents an automatic split, merge or repair opens count against
 //! `max_intents` only if the reply says one opened, and leader transfers
-//! wait for a pass with nothing open. The driver feeds each reply back
-//! through [`Plan::next`] and stops the pass at the first proposal that
-//! fails (not the leader any more, no quorum), so a later step never runs
-//! without the earlier ones having been accepted in order.
+//! wait for a pass with nothing open. The driver proposes each batch's
+//! commands as one append, feeds the replies back through
+//! [`Plan::replied`] and stops the pass at the first proposal that fails
+//! (not the leader any more, no quorum). A later proposal of the batch may
+//! then be in the log too, but a log commits in order: it can never commit
+//! without the earlier ones.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -92,8 +95,8 @@ impl Log {
 /// What the driver does next.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
-    /// Propose this command and pass its reply to the next [`Plan::next`];
-    /// stop the pass if the proposal fails.
+    /// Propose this command and pass its reply to [`Plan::replied`]; stop
+    /// the pass if the proposal fails.
     Propose(Command),
     /// Record this in the leader's health view.
     Note(Note),
@@ -124,7 +127,7 @@ enum Step {
     WhenIdle(Log, Command),
 }
 
-/// One pass's steps, walked by [`Plan::next`].
+/// One pass's steps, walked by [`Plan::batch`] and [`Plan::replied`].
 #[derive(Debug, Clone)]
 pub struct Plan {
     steps: VecDeque<Step>,
@@ -132,8 +135,9 @@ pub struct Plan {
     /// ones it opened so far.
     open: usize,
     max_intents: usize,
-    /// The step whose reply the next call receives.
-    waiting: Option<Open>,
+    /// One slot per proposal of the batch out: the `Open` whose reply
+    /// counts, or `None` for a proposal whose reply changes nothing.
+    in_flight: Vec<Option<Open>>,
 }
 
 impl Plan {
@@ -142,7 +146,7 @@ impl Plan {
             steps: VecDeque::new(),
             open: 0,
             max_intents,
-            waiting: None,
+            in_flight: Vec::new(),
         }
     }
 
@@ -162,13 +166,82 @@ impl Plan {
         self.act(Action::Note(note));
     }
 
-    /// The next thing to do, given the reply to the last proposal (`None`
-    /// if the last action was not one). `None` when the pass is over.
-    pub fn next(&mut self, reply: Option<Reply>) -> Option<Action> {
-        if let Some(o) = self.waiting.take() {
-            let mut follow = Vec::new();
+    /// The next actions, in order, holding at most `max_proposals`
+    /// proposals: as many as can be decided without the replies to the
+    /// proposals among them. The driver proposes those together (one
+    /// append, in this order), does the rest in order, and hands the
+    /// replies to [`Plan::replied`] before asking again. Empty when the
+    /// pass is over.
+    ///
+    /// Walked one proposal at a time, this is the pass as the old loop
+    /// ran it. A batch stops where a decision would depend on a reply
+    /// still out: an `Open` that fits under `max_intents` only if an
+    /// intent out is refused, or a `WhenIdle` step while intents are out
+    /// and none is open yet. Every other decision is the same whatever
+    /// the replies say, since the count of open intents only grows within
+    /// a pass.
+    pub fn batch(&mut self, max_proposals: usize) -> Vec<Action> {
+        assert!(
+            self.in_flight.is_empty(),
+            "a batch's replies go to Plan::replied first"
+        );
+        let mut out = Vec::new();
+        while self.in_flight.len() < max_proposals.max(1) {
+            let Some(step) = self.steps.pop_front() else {
+                break;
+            };
+            let sending = self.in_flight.iter().filter(|o| o.is_some()).count();
+            match step {
+                Step::Act(a) => {
+                    if matches!(a, Action::Propose(_)) {
+                        self.in_flight.push(None);
+                    }
+                    out.push(a);
+                }
+                Step::Open(mut o) => {
+                    if self.open + sending >= self.max_intents {
+                        if sending > 0 {
+                            // Fits only if one of those is refused.
+                            self.steps.push_front(Step::Open(o));
+                            break;
+                        }
+                        // Its log and note go with it: the old pass broke
+                        // off here, and the count never falls within a pass.
+                        continue;
+                    }
+                    let log = o.log.take();
+                    self.steps.push_front(Step::Send(o));
+                    out.extend(log.map(Action::Log));
+                }
+                Step::Send(o) => {
+                    out.push(Action::Propose(o.cmd.clone()));
+                    self.in_flight.push(Some(o));
+                }
+                Step::WhenIdle(log, cmd) => {
+                    if self.open > 0 {
+                        continue;
+                    }
+                    if sending > 0 {
+                        self.steps.push_front(Step::WhenIdle(log, cmd));
+                        break;
+                    }
+                    self.steps.push_front(Step::Act(Action::Propose(cmd)));
+                    out.push(Action::Log(log));
+                }
+            }
+        }
+        out
+    }
+
+    /// The replies to the last batch's proposals, in order (fewer when a
+    /// proposal failed: the pass stops there); what to log and note
+    /// because of them, in order.
+    pub fn replied(&mut self, replies: impl IntoIterator<Item = Reply>) -> Vec<Action> {
+        let mut follow = Vec::new();
+        for (slot, reply) in std::mem::take(&mut self.in_flight).into_iter().zip(replies) {
+            let Some(o) = slot else { continue };
             match reply {
-                Some(Reply::Intent(id)) => {
+                Reply::Intent(id) => {
                     self.open += 1;
                     if let Some(text) = o.opened {
                         follow.push(Action::Log(Log::new(
@@ -177,7 +250,7 @@ impl Plan {
                         )));
                     }
                 }
-                Some(Reply::Refused(why)) => {
+                Reply::Refused(why) => {
                     if let Some(text) = o.refused {
                         follow.push(Action::Log(Log::new(
                             Level::Debug,
@@ -185,42 +258,11 @@ impl Plan {
                         )));
                     }
                 }
-                Some(Reply::Ok) | None => {}
+                Reply::Ok => {}
             }
             follow.extend(o.then.map(Action::Note));
-            for a in follow.into_iter().rev() {
-                self.steps.push_front(Step::Act(a));
-            }
         }
-        loop {
-            match self.steps.pop_front()? {
-                Step::Act(a) => return Some(a),
-                Step::Open(o) => {
-                    if self.open >= self.max_intents {
-                        // Its log and note go with it: the old pass broke
-                        // off here, and the count never falls within a pass.
-                        continue;
-                    }
-                    let mut o = o;
-                    let log = o.log.take();
-                    self.steps.push_front(Step::Send(o));
-                    if let Some(l) = log {
-                        return Some(Action::Log(l));
-                    }
-                }
-                Step::Send(o) => {
-                    let cmd = o.cmd.clone();
-                    self.waiting = Some(o);
-                    return Some(Action::Propose(cmd));
-                }
-                Step::WhenIdle(log, cmd) => {
-                    if self.open == 0 {
-                        self.steps.push_front(Step::Act(Action::Propose(cmd)));
-                        return Some(Action::Log(log));
-                    }
-                }
-            }
-        }
+        follow
     }
 }
 
@@ -352,7 +394,32 @@ pub fn plan(s: &CellState, h: &HealthView, now: Instant, p: &Policy) -> Plan {
             tablets: &tablets,
             replication,
         };
-        for m in cluster.repair_plan() {
+        let repair = cluster.repair();
+        let lost: BTreeSet<u64> = repair.lost_majority.iter().copied().collect();
+        if lost != h.lost_majority {
+            let newly: Vec<u64> = lost.difference(&h.lost_majority).copied().collect();
+            if !newly.is_empty() {
+                let shown: Vec<String> = newly.iter().take(10).map(u64::to_string).collect();
+                plan.log(
+                    Level::Warn,
+                    format!(
+                        "tablets that lost most of their voters to dead nodes: {} new, \
+                         {} in all; repair cannot move them: bring the nodes back or \
+                         restore them (tablets {}{})",
+                        newly.len(),
+                        lost.len(),
+                        shown.join(", "),
+                        if newly.len() > shown.len() {
+                            ", ..."
+                        } else {
+                            ""
+                        }
+                    ),
+                );
+            }
+            plan.note(Note::LostMajority(lost));
+        }
+        for m in repair.moves {
             let Some(from) = m.from else { continue };
             let reason = match s.nodes.get(&from) {
                 Some(n) if n.dead => "repair",

@@ -32,9 +32,9 @@ fn policy() -> Policy {
     }
 }
 
-/// One pass as the driver runs it; the commands it proposed, and the
-/// health view as the pass left it.
-fn run(fx: &Fx, now: Instant, p: &Policy) -> (Vec<Command>, HealthView) {
+/// One pass as the driver runs it, `batch` proposals at a time; the
+/// commands it proposed, and the health view as the pass left it.
+fn run_batched(fx: &Fx, now: Instant, p: &Policy, batch: usize) -> (Vec<Command>, HealthView) {
     let (s, mut h) = (&fx.s, fx.h.clone());
     // Every node heartbeats right up to the pass unless the case silenced
     // it (its reports stay as the case made them).
@@ -46,21 +46,55 @@ fn run(fx: &Fx, now: Instant, p: &Policy) -> (Vec<Command>, HealthView) {
         h.seen.insert(n.id, now);
     }
     h.observe(s, TERM, now, p.lease);
-    let mut plan = plan(s, &h, now, p);
+    let plan = plan(s, &h, now, p);
     let mut quorum = s.clone();
+    let proposed = walk(plan, batch, |cmd| quorum.apply(cmd), |n| h.note(n));
+    (proposed, h)
+}
+
+/// Walks `plan` as the driver does, `batch` proposals at a time, with
+/// `reply` as the quorum; the commands proposed.
+fn walk(
+    mut plan: super::Plan,
+    batch: usize,
+    mut reply: impl FnMut(Command) -> Reply,
+    mut note: impl FnMut(Note),
+) -> Vec<Command> {
     let mut proposed = Vec::new();
-    let mut reply = None;
-    while let Some(a) = plan.next(reply.take()) {
-        match a {
-            Action::Propose(cmd) => {
-                reply = Some(quorum.apply(cmd.clone()));
-                proposed.push(cmd);
+    loop {
+        let actions = plan.batch(batch);
+        if actions.is_empty() {
+            return proposed;
+        }
+        let mut replies = Vec::new();
+        for a in actions {
+            match a {
+                Action::Propose(cmd) => {
+                    // The quorum applies a batch in order, as one append.
+                    replies.push(reply(cmd.clone()));
+                    proposed.push(cmd);
+                }
+                Action::Note(n) => note(n),
+                Action::Log(_) => {}
             }
-            Action::Note(n) => h.note(n),
-            Action::Log(_) => {}
+        }
+        for a in plan.replied(replies) {
+            match a {
+                Action::Note(n) => note(n),
+                Action::Log(_) => {}
+                Action::Propose(_) => panic!("a reply proposed"),
+            }
         }
     }
-    (proposed, h)
+}
+
+/// One pass, one proposal at a time (as the old loop ran it) and in
+/// batches: the two propose the same.
+fn run(fx: &Fx, now: Instant, p: &Policy) -> (Vec<Command>, HealthView) {
+    let (one_by_one, _) = run_batched(fx, now, p, 1);
+    let (batched, h) = run_batched(fx, now, p, 256);
+    assert_eq!(batched, one_by_one, "batches change what a pass proposes");
+    (batched, h)
 }
 
 /// The one assertion of these tables.
@@ -344,6 +378,91 @@ fn dead_nodes_are_repaired_after_the_grace() {
     for (case, fx, secs, want) in cases {
         check(case, fx, fx.at(secs), &p, &want);
     }
+}
+
+/// The warnings a pass logs, its proposals applied to a copy of the
+/// state; `h` as the pass finds it (observed).
+fn warnings(fx: &Fx, h: &HealthView, now: Instant, p: &Policy) -> Vec<String> {
+    let mut pass = plan(&fx.s, h, now, p);
+    let mut quorum = fx.s.clone();
+    let mut warns = Vec::new();
+    loop {
+        let actions = pass.batch(256);
+        if actions.is_empty() {
+            return warns;
+        }
+        let mut replies = Vec::new();
+        for a in actions {
+            match a {
+                Action::Propose(cmd) => replies.push(quorum.apply(cmd)),
+                Action::Log(l) if l.level == Level::Warn => warns.push(l.text),
+                _ => {}
+            }
+        }
+        for a in pass.replied(replies) {
+            if let Action::Log(l) = a
+                && l.level == Level::Warn
+            {
+                warns.push(l.text);
+            }
+        }
+    }
+}
+
+#[test]
+fn tablets_that_lost_their_majority_get_no_move_and_one_warning() {
+    let p = policy();
+    // Nodes 2 and 3 died at 0: tablet 1 kept one voter of three, tablet 2
+    // two of three.
+    let mut fx = Fx::new(6, &[&[1, 2, 3], &[1, 4, 3]]);
+    for n in [2, 3] {
+        fx.apply(Command::MarkDead { node: n });
+        fx.h.dead_since.insert(n, fx.t0);
+    }
+    fx.beat_all(61);
+    let now = fx.at(61);
+    let (proposed, h) = run(&fx, now, &p);
+    assert!(
+        matches!(
+            proposed.as_slice(),
+            [Command::StartMove {
+                tablet: 2,
+                from: 3,
+                ..
+            }]
+        ),
+        "{proposed:?}"
+    );
+    assert_eq!(h.lost_majority, BTreeSet::from([1]));
+    let mut first = fx.h.clone();
+    first.observe(&fx.s, TERM, now, p.lease);
+    let warned = warnings(&fx, &first, now, &p);
+    assert_eq!(
+        warned,
+        vec![
+            "tablets that lost most of their voters to dead nodes: 1 new, 1 in all; repair \
+             cannot move them: bring the nodes back or restore them (tablets 1)"
+        ]
+    );
+    // The next pass knows them: no second warning, still no move.
+    assert_eq!(warnings(&fx, &h, now, &p), Vec::<String>::new());
+    // Node 2 comes back: tablet 1 has its majority again and is repaired.
+    let mut back = fx.clone();
+    back.apply(Command::Register(node(2)));
+    back.beat_all(62);
+    let (proposed, h) = run(&back, back.at(62), &p);
+    assert!(
+        proposed.iter().any(|c| matches!(
+            c,
+            Command::StartMove {
+                tablet: 1,
+                from: 3,
+                ..
+            }
+        )),
+        "{proposed:?}"
+    );
+    assert!(h.lost_majority.is_empty());
 }
 
 #[test]
@@ -869,31 +988,31 @@ fn at_most_max_intents_open_and_refused_opens_do_not_count() {
     p.max_intents = 2;
     let mut h = fx.h.clone();
     h.observe(&fx.s, TERM, fx.at(61), p.lease);
-    let mut plan = plan(&fx.s, &h, fx.at(61), &p);
-    let mut proposed = Vec::new();
-    let mut reply = None;
-    while let Some(a) = plan.next(reply.take()) {
-        if let Action::Propose(cmd) = a {
-            reply = Some(if proposed.is_empty() {
-                Reply::Refused("tablet 1 is busy".into())
-            } else {
-                Reply::Intent(100 + proposed.len() as u64)
-            });
-            proposed.push(cmd);
-        }
+    for batch in [1, 256] {
+        let mut first = true;
+        let pass = plan(&fx.s, &h, fx.at(61), &p);
+        let mut n = 0;
+        let proposed = walk(
+            pass,
+            batch,
+            |_| {
+                n += 1;
+                if std::mem::take(&mut first) {
+                    Reply::Refused("tablet 1 is busy".into())
+                } else {
+                    Reply::Intent(100 + n)
+                }
+            },
+            |_| {},
+        );
+        assert_eq!(proposed, both, "batches of {batch}");
     }
-    assert_eq!(proposed, both);
     p.max_intents = 1;
-    let mut plan = super::plan(&fx.s, &h, fx.at(61), &p);
-    let mut proposed = Vec::new();
-    let mut reply = None;
-    while let Some(a) = plan.next(reply.take()) {
-        if let Action::Propose(cmd) = a {
-            reply = Some(Reply::Refused("busy".into()));
-            proposed.push(cmd);
-        }
+    for batch in [1, 256] {
+        let pass = super::plan(&fx.s, &h, fx.at(61), &p);
+        let proposed = walk(pass, batch, |_| Reply::Refused("busy".into()), |_| {});
+        assert_eq!(proposed, both, "refused moves leave the cap free");
     }
-    assert_eq!(proposed, both, "refused moves leave the cap free");
 }
 
 /// Three tablets on {1, 2, 3}, all led from node 1.

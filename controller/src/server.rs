@@ -158,6 +158,22 @@ impl Controller {
         from_cbor(&bytes).map_err(Error::Reply)
     }
 
+    /// Proposes `cmds` as one batch ([`Quorum::propose_many`]): each
+    /// reply in order, up to and including the first failure.
+    pub(crate) async fn propose_many(&self, cmds: Vec<Command>) -> Result<Vec<Result<Reply>>> {
+        let bytes = self
+            .quorum
+            .propose_many(cmds.iter().map(to_cbor).collect())
+            .await?;
+        Ok(bytes
+            .into_iter()
+            .map(|r| {
+                r.map_err(Error::from)
+                    .and_then(|b| from_cbor(&b).map_err(Error::Reply))
+            })
+            .collect())
+    }
+
     pub(crate) fn snapshot(&self) -> CellState {
         self.quorum.state().clone()
     }

@@ -225,6 +225,45 @@ impl<S: QuorumState> Quorum<S> {
         }
     }
 
+    /// Commits `cmds` as one batch (one message to the Raft core, appended
+    /// in this order) and returns each reply once applied here, in order.
+    /// The list stops at the first that failed, with its error; a failed
+    /// one's entry may still commit, but a later one never commits
+    /// without it.
+    pub async fn propose_many(&self, cmds: Vec<Vec<u8>>) -> Result<Vec<Result<Vec<u8>>>> {
+        use futures::StreamExt;
+        use openraft::errors::ClientWriteError;
+        if cmds.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut stream = self
+            .raft
+            .client_write_many(cmds.into_iter().map(QuorumCmd))
+            .await
+            .map_err(|e| Error::Unavailable(e.to_string()))?;
+        let mut out = Vec::new();
+        while let Some(r) = stream.next().await {
+            let reply = match r {
+                Ok(Ok(w)) => Ok(w.response.0),
+                Ok(Err(e)) => {
+                    let forward = match &e {
+                        ClientWriteError::ForwardToLeader(f)
+                        | ClientWriteError::LogEntryDiscarded(f) => Some(f.clone()),
+                        _ => None,
+                    };
+                    Err(classify(forward, e.to_string()))
+                }
+                Err(fatal) => Err(Error::Unavailable(fatal.to_string())),
+            };
+            let failed = reply.is_err();
+            out.push(reply);
+            if failed {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
     /// Waits until this member may serve a linearizable read (it is the
     /// leader and has applied everything committed before the call).
     pub async fn linearizable(&self) -> Result<()> {

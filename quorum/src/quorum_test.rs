@@ -36,6 +36,13 @@ async fn a_member_keeps_its_state_through_a_restart() {
             Err(Error::NotLeader { leader: None, .. } | Error::Unavailable(_)) => {}
             other => panic!("an uninitialized member answered {other:?}"),
         }
+        // A batch stops at its first failure, which is its last item.
+        let failed = q.propose_many(vec![to_cbor(&1u64), to_cbor(&2u64)]).await;
+        match failed.as_deref() {
+            Ok([Err(Error::NotLeader { leader: None, .. } | Error::Unavailable(_))])
+            | Err(Error::Unavailable(_)) => {}
+            other => panic!("an uninitialized member answered a batch {other:?}"),
+        }
         assert!(q.initialize(&members).await.unwrap());
         assert!(!q.initialize(&members).await.unwrap(), "created twice");
         assert_eq!(q.wait_leader(Duration::from_secs(10)).await.unwrap(), 1);
@@ -44,8 +51,22 @@ async fn a_member_keeps_its_state_through_a_restart() {
             sum += n;
             assert_eq!(add(&q, n).await, sum);
         }
+        // A batch applies in its order: each reply is the sum after it.
+        let sums: Vec<u64> = q
+            .propose_many((11..=14u64).map(|n| to_cbor(&n)).collect())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| {
+                from_cbor::<Result<u64, String>>(&r.unwrap())
+                    .unwrap()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(sums, [66, 78, 91, 105]);
+        assert!(q.propose_many(Vec::new()).await.unwrap().is_empty());
         q.linearizable().await.unwrap();
-        assert_eq!(q.state().sum, 55);
+        assert_eq!(q.state().sum, 105);
         q.shutdown().await;
     }
     // openraft's tasks let go of the database shortly after shutdown.
@@ -65,8 +86,8 @@ async fn a_member_keeps_its_state_through_a_restart() {
     assert!(!q.initialize(&members).await.unwrap(), "the group is new");
     q.wait_leader(Duration::from_secs(10)).await.unwrap();
     // The next write commits after everything before it is re-applied.
-    assert_eq!(add(&q, 100).await, 155);
-    assert_eq!(q.state().count, 11);
+    assert_eq!(add(&q, 100).await, 205);
+    assert_eq!(q.state().count, 15);
     assert_eq!(q.members(), members);
     q.shutdown().await;
 }

@@ -12,10 +12,15 @@
 //!   lead to the desired leader at once (a real group takes a round trip)
 //! groups (one shared table): voters, leader, term; a group whose leader's
 //!   node is dead is led by its first live voter at the next heartbeat of
-//!   that voter's node (a real election takes one or two timeouts)
-//! --kill K: once every tablet is led, K nodes stop heartbeating; the
-//!   report says when the first replacement was assigned and when every
-//!   group they were in had its voters on live nodes only
+//!   that voter's node (a real election takes one or two timeouts), and
+//!   only while most of its voters live: a group without a majority
+//!   neither elects nor changes its voters, as a Raft group cannot
+//! --kill K: once every tablet is led, K nodes holding replicas (the
+//!   highest ids of those) stop heartbeating; the report says when the
+//!   first replacement was assigned and when every group they were in
+//!   that kept a majority had its voters on live nodes only, and how many
+//!   lost their majority (nothing but an operator's restore brings those
+//!   back)
 //! ```
 //!
 //! Nothing here stores data or runs Raft: it measures the controller's
@@ -56,7 +61,8 @@ pub struct NodesArgs {
     #[arg(long, default_value_t = 60)]
     seconds: u64,
     /// Once every tablet is led and --kill-after-s passed, stop this many
-    /// nodes (the highest ids) and measure the repair.
+    /// nodes (the highest ids of those holding replicas) and measure the
+    /// repair.
     #[arg(long, default_value_t = 0)]
     kill: u64,
     #[arg(long, default_value_t = 30)]
@@ -99,7 +105,13 @@ struct Tally {
 
 /// The nodes killed and when, with the tablets they held then and each
 /// one's voter nodes then.
-type Killed = (Instant, BTreeSet<u64>, BTreeMap<u64, BTreeSet<u64>>);
+struct Killed {
+    at: Instant,
+    dead: BTreeSet<u64>,
+    tablets: BTreeMap<u64, BTreeSet<u64>>,
+    /// Of those, the ones whose group lost most of its voters.
+    lost_majority: BTreeSet<u64>,
+}
 
 struct Sim {
     groups: HashMap<u64, Group>,
@@ -130,6 +142,21 @@ impl Sim {
 
     fn alive(&self, node: u64) -> bool {
         self.nodes.get(&node).is_some_and(|n| n.alive)
+    }
+
+    /// Whether voter `v` of tablet `t` lives: its node is alive and hosts
+    /// that replica.
+    fn voter_lives(&self, t: u64, v: u64) -> bool {
+        self.nodes
+            .get(&node_of(v))
+            .is_some_and(|n| n.alive && n.replicas.get(&t) == Some(&v))
+    }
+
+    /// Whether most of tablet `t`'s voters live: only then can its group
+    /// elect a leader or commit a change of voters.
+    fn live_majority(&self, t: u64, g: &Group) -> bool {
+        let live = g.voters.iter().filter(|&&v| self.voter_lives(t, v)).count();
+        live * 2 > g.voters.len()
     }
 
     /// Node `id`'s next heartbeat.
@@ -175,13 +202,10 @@ impl Sim {
             let Some(g) = self.groups.get(&t) else {
                 continue;
             };
-            if g.leader.is_some_and(|l| self.alive(node_of(l))) {
+            if g.leader.is_some_and(|l| self.alive(node_of(l))) || !self.live_majority(t, g) {
                 continue;
             }
-            let next = g.voters.iter().copied().find(|&v| {
-                let n = node_of(v);
-                self.alive(n) && self.nodes[&n].replicas.get(&t) == Some(&v)
-            });
+            let next = g.voters.iter().copied().find(|&v| self.voter_lives(t, v));
             if next.is_some_and(|v| node_of(v) == id) {
                 let g = self.groups.get_mut(&t).expect("the group");
                 g.leader = next;
@@ -211,9 +235,11 @@ impl Sim {
                 e.insert(a.replica_id);
                 // A replacement: a replica of a tablet the killed nodes
                 // held, on a node that was not its voter then.
-                if let Some((_, _, tablets)) = &self.killed
+                if let Some(k) = &self.killed
                     && self.tally.first_replacement.is_none()
-                    && tablets.get(&a.tablet).is_some_and(|was| !was.contains(&id))
+                    && k.tablets
+                        .get(&a.tablet)
+                        .is_some_and(|was| !was.contains(&id))
                 {
                     self.tally.first_replacement = Some(Instant::now());
                 }
@@ -236,17 +262,18 @@ impl Sim {
             if g.leader != Some(a.replica_id) {
                 continue;
             }
+            // Without most of its voters a group commits nothing: no
+            // change of voters, no hand-off.
+            let g = g.clone();
+            if !self.live_majority(a.tablet, &g) {
+                continue;
+            }
             if g.voters != desired {
-                g.voters = desired.clone();
+                self.groups.get_mut(&a.tablet).expect("the group").voters = desired.clone();
             }
             let want = a.leader_replica;
             if want != 0 && want != a.replica_id && desired.contains(&want) {
-                let n = node_of(want);
-                if self
-                    .nodes
-                    .get(&n)
-                    .is_some_and(|x| x.alive && x.replicas.get(&a.tablet) == Some(&want))
-                {
+                if self.voter_lives(a.tablet, want) {
                     let g = self.groups.get_mut(&a.tablet).expect("the group");
                     g.leader = Some(want);
                     g.term += 1;
@@ -269,20 +296,41 @@ impl Sim {
                 .all(|g| g.leader.is_some_and(|l| self.alive(node_of(l))))
     }
 
-    /// Of the tablets the killed nodes held, those not yet on live voters
-    /// only.
-    fn unrepaired(&self) -> usize {
-        let Some((_, dead, tablets)) = &self.killed else {
-            return 0;
+    /// Of the tablets the killed nodes held that kept a majority, those
+    /// not yet on live voters only.
+    fn unrepaired(&self) -> Vec<u64> {
+        let Some(k) = &self.killed else {
+            return Vec::new();
         };
-        tablets
+        k.tablets
             .keys()
+            .filter(|t| !k.lost_majority.contains(t))
             .filter(|t| {
                 self.groups
                     .get(t)
-                    .is_none_or(|g| g.voters.iter().any(|v| dead.contains(&node_of(*v))))
+                    .is_none_or(|g| g.voters.iter().any(|v| k.dead.contains(&node_of(*v))))
             })
-            .count()
+            .copied()
+            .collect()
+    }
+
+    /// How tablet `t` stands, for the report: its voters and leader (as
+    /// node ids) and the live nodes hosting a replica of it.
+    fn describe(&self, t: u64) -> serde_json::Value {
+        let g = self.groups.get(&t).cloned().unwrap_or_default();
+        let hosts: Vec<u64> = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.alive && n.replicas.contains_key(&t))
+            .map(|(id, _)| *id)
+            .collect();
+        serde_json::json!({
+            "tablet": t,
+            "voter_nodes": g.voters.iter().map(|v| node_of(*v)).collect::<Vec<_>>(),
+            "leader_node": g.leader.map(node_of),
+            "term": g.term,
+            "live_hosts": hosts,
+        })
     }
 }
 
@@ -403,7 +451,15 @@ pub async fn run(cmd: SimCommand) -> anyhow::Result<()> {
         }
         let kill_at = started + Duration::from_secs(a.kill_after_s);
         if a.kill > 0 && s.killed.is_none() && led_at.is_some() && Instant::now() >= kill_at {
-            let dead: BTreeSet<u64> = ids.iter().rev().take(a.kill as usize).copied().collect();
+            // Nodes that registered after the cell placed its tablets
+            // hold none: the victims are the highest ids that hold some.
+            let dead: BTreeSet<u64> = ids
+                .iter()
+                .rev()
+                .filter(|n| !s.nodes[n].replicas.is_empty())
+                .take(a.kill as usize)
+                .copied()
+                .collect();
             let tablets: BTreeMap<u64, BTreeSet<u64>> = dead
                 .iter()
                 .flat_map(|n| s.nodes[n].replicas.keys().copied().collect::<Vec<_>>())
@@ -419,14 +475,25 @@ pub async fn run(cmd: SimCommand) -> anyhow::Result<()> {
             for n in &dead {
                 s.nodes.get_mut(n).expect("a node").alive = false;
             }
+            let lost_majority: BTreeSet<u64> = tablets
+                .keys()
+                .filter(|t| s.groups.get(t).is_none_or(|g| !s.live_majority(**t, g)))
+                .copied()
+                .collect();
             eprintln!(
-                "sim: killed {} nodes holding {} tablets",
+                "sim: killed {} nodes holding {} tablets ({} of them lost a majority)",
                 dead.len(),
-                tablets.len()
+                tablets.len(),
+                lost_majority.len()
             );
-            s.killed = Some((Instant::now(), dead, tablets));
+            s.killed = Some(Killed {
+                at: Instant::now(),
+                dead,
+                tablets,
+                lost_majority,
+            });
         }
-        if repaired_at.is_none() && s.killed.is_some() && s.unrepaired() == 0 {
+        if repaired_at.is_none() && s.killed.is_some() && s.unrepaired().is_empty() {
             repaired_at = Some(Instant::now());
             eprintln!("sim: every group of the killed nodes is on live voters");
         }
@@ -438,12 +505,13 @@ pub async fn run(cmd: SimCommand) -> anyhow::Result<()> {
     let mut lat = std::mem::take(&mut s.tally.latencies_us);
     lat.sort_unstable();
     let beats = lat.len().max(1) as u64;
-    let killed_at = s.killed.as_ref().map(|k| k.0);
+    let killed_at = s.killed.as_ref().map(|k| k.at);
     let since_kill = |t: Option<Instant>| {
         t.zip(killed_at)
             .map(|(t, k)| t.duration_since(k).as_secs_f64())
     };
     let replicas: usize = s.nodes.values().map(|n| n.replicas.len()).sum();
+    let unrepaired = s.unrepaired();
     let report = serde_json::json!({
         "nodes": a.count,
         "tablets": s.groups.len(),
@@ -461,10 +529,12 @@ pub async fn run(cmd: SimCommand) -> anyhow::Result<()> {
         "answer_bytes_mean": s.tally.answer_bytes / beats,
         "all_led_s": led_at.map(|t| t.duration_since(started).as_secs_f64()),
         "killed": a.kill,
-        "killed_tablets": s.killed.as_ref().map_or(0, |k| k.2.len()),
+        "killed_tablets": s.killed.as_ref().map_or(0, |k| k.tablets.len()),
+        "lost_majority": s.killed.as_ref().map_or(0, |k| k.lost_majority.len()),
         "first_replacement_s": since_kill(s.tally.first_replacement),
         "repaired_s": since_kill(repaired_at),
-        "unrepaired": s.unrepaired(),
+        "unrepaired": unrepaired.len(),
+        "unrepaired_first": unrepaired.iter().take(5).map(|t| s.describe(*t)).collect::<Vec<_>>(),
     });
     if a.json {
         println!("{report}");

@@ -111,6 +111,7 @@ function drawCell(v) {
     tile("nodes up", s.nodes_up + " / " + s.nodes_total, s.nodes_up < s.nodes_total, "nodes-up"),
     tile("tablets", s.tablets, false, "tablets"),
     tile("under-replicated", s.under_replicated, s.under_replicated > 0, "under-replicated"),
+    tile("lost majority", s.lost_majority, s.lost_majority > 0, "lost-majority"),
     tile("unplaced", s.unplaced, s.unplaced > 0, "unplaced"),
     tile("open intents", s.intents_open, false, "intents-open"),
     tile("replication", v.replication, false, "replication"),

@@ -404,6 +404,8 @@ async fn every_role_exports_the_documented_series_and_they_move() {
             assert_eq!(s.get(r#"stele_controller_nodes{state="up"}"#), 2.0);
             // Every tablet had a voter on it.
             assert_eq!(s.get("stele_controller_tablets_under_replicated"), 4.0);
+            // One voter of three gone: every tablet keeps its majority.
+            assert_eq!(s.get("stele_controller_tablets_lost_majority"), 0.0);
             break;
         }
         assert!(

@@ -93,6 +93,8 @@ fn simulated_nodes_take_tablets_and_a_lost_one_is_repaired() {
         "not every tablet led: {r}"
     );
     assert!(r["killed_tablets"].as_u64().unwrap() > 0, "{r}");
+    // One node of three voters each: every group kept its majority.
+    assert_eq!(r["lost_majority"], 0, "{r}");
     assert!(
         r["first_replacement_s"].as_f64().is_some(),
         "no replacement assigned: {r}\n{err}"

@@ -217,20 +217,36 @@ fn full_size_cell_places_balances_leaders_and_repairs() {
         .map(|t| t.id)
         .collect();
     // 20 nodes of 150 voters: about 2,850 tablets lose one voter and about
-    // 150 lose two, as with random placement.
+    // 150 lose two, as with random placement. Those lost their majority:
+    // no move could commit, so repair leaves them.
     assert!(
         affected.len() > 2_700,
         "{} tablets affected",
         affected.len()
     );
+    let lost: BTreeSet<TabletId> = tablets
+        .iter()
+        .filter(|t| t.voters.iter().filter(|v| dead.contains(v)).count() >= 2)
+        .map(|t| t.id)
+        .collect();
+    assert!(lost.len() > 50, "{} tablets lost two voters", lost.len());
     let mut rounds = 0;
     loop {
-        let plan = Cluster {
+        let repair = Cluster {
             nodes: &nodes,
             tablets: &tablets,
             replication: 3,
         }
-        .repair_plan();
+        .repair();
+        assert_eq!(
+            repair
+                .lost_majority
+                .iter()
+                .copied()
+                .collect::<BTreeSet<_>>(),
+            lost
+        );
+        let plan = repair.moves;
         if plan.is_empty() {
             break;
         }
@@ -248,7 +264,10 @@ fn full_size_cell_places_balances_leaders_and_repairs() {
         }
         apply_moves(&mut tablets, &plan);
     }
-    assert_well_placed(&nodes, &tablets, 3);
+    let (stuck, repaired): (Vec<TabletInfo>, Vec<TabletInfo>) =
+        tablets.iter().cloned().partition(|t| lost.contains(&t.id));
+    assert_well_placed(&nodes, &repaired, 3);
+    assert_eq!(stuck.len(), lost.len());
     assert_within(
         &nodes,
         &replica_counts(&tablets),
@@ -712,6 +731,33 @@ fn balance_leaves_busy_and_unhealthy_tablets_alone() {
 }
 
 #[test]
+fn repair_leaves_tablets_that_lost_their_majority() {
+    // cell(3, 1, 2): nodes 1-6, zone z0 = {1, 2}, z1 = {3, 4}, z2 = {5, 6}.
+    let mut nodes = cell(3, 1, 2);
+    set_state(&mut nodes, 3, NodeState::Dead);
+    set_state(&mut nodes, 5, NodeState::Decommissioned);
+    set_state(&mut nodes, 2, NodeState::Suspect);
+    let tablets = vec![
+        tablet(1, &[1, 3, 5]),    // two of three gone: lost
+        tablet(2, &[1, 3, 6]),    // one gone: repaired
+        tablet(3, &[2, 3, 6]),    // a suspect voter still counts as alive
+        tablet(4, &[1, 3, 5, 6]), // two of four (mid-change): lost
+        tablet(5, &[3]),          // its only voter: lost
+        tablet(6, &[1, 99, 3]),   // 99 is not in the cell: gone, so lost
+    ];
+    let plan = Cluster {
+        nodes: &nodes,
+        tablets: &tablets,
+        replication: 3,
+    }
+    .repair();
+    assert_eq!(plan.lost_majority, vec![1, 4, 5, 6]);
+    let moved: Vec<TabletId> = plan.moves.iter().map(|m| m.tablet).collect();
+    assert_eq!(moved, vec![2, 3], "{plan:?}");
+    assert!(plan.moves.iter().all(|m| m.from == Some(3)), "{plan:?}");
+}
+
+#[test]
 fn repair_adds_voters_to_under_replicated_tablets() {
     let nodes = cell(3, 1, 2);
     let tablets = vec![tablet(1, &[1, 3]), tablet(2, &[2]), tablet(3, &[1, 3, 5])];
@@ -954,9 +1000,17 @@ proptest! {
             ),
         }
 
+        let gone = |v: NodeId| {
+            by_id.get(&v).is_none_or(|n| matches!(n.state, NodeState::Dead | NodeState::Decommissioned))
+        };
+        let repair = cluster.repair();
+        for id in &repair.lost_majority {
+            prop_assert!(majority_lost(&tablet(*id).voters, gone), "{:?} kept its majority", tablet(*id));
+        }
         let mut moved = BTreeSet::new();
-        for m in cluster.repair_plan() {
+        for m in repair.moves {
             let t = tablet(m.tablet);
+            prop_assert!(!majority_lost(&t.voters, gone), "{:?} moves a tablet without a majority", m);
             prop_assert!(!t.voters.contains(&m.to), "{:?} targets a node holding {:?}", m, t);
             prop_assert!(moved.insert(m.tablet), "two moves for {}", m.tablet);
             prop_assert!(!t.busy);
