@@ -328,7 +328,7 @@ impl Cluster<'_> {
             let Some(from) = self.repair_source(&topo, tablet) else {
                 continue;
             };
-            if majority_lost(&tablet.voters, &gone) {
+            if majority_lost(&tablet.voters, gone) {
                 plan.lost_majority.push(tablet.id);
                 continue;
             }
