@@ -123,10 +123,14 @@ async fn init_cell(
 }
 
 /// Waits until every tablet has its voters and a leader (the route map
-/// names a leader for each).
+/// names a leader for each), for 60 s plus 10 ms a tablet: each node
+/// creates its replicas at a few hundred a second, one catalog commit
+/// each, so 10,000 tablets take a minute or more on a slow disk.
 async fn wait_ready(controller: &str, tablets: u32) -> anyhow::Result<()> {
     let admin = stele_client::admin::Admin::new(vec![controller.to_string()])?;
     let started = std::time::Instant::now();
+    let deadline =
+        std::time::Duration::from_secs(60) + std::time::Duration::from_millis(10) * tablets;
     loop {
         let routes = admin
             .call(|mut c| async move {
@@ -142,8 +146,9 @@ async fn wait_ready(controller: &str, tablets: u32) -> anyhow::Result<()> {
             return Ok(());
         }
         anyhow::ensure!(
-            started.elapsed() < std::time::Duration::from_secs(60),
-            "the dev cell did not place and elect every tablet within 60 s"
+            started.elapsed() < deadline,
+            "the dev cell did not place and elect every tablet within {} s",
+            deadline.as_secs()
         );
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
