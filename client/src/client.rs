@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -38,6 +39,10 @@ pub struct ClientOptions {
     /// A namespace token sent with every data request (`stele token
     /// issue`); none: the certificate in `tls`, or a plaintext cell.
     pub token: stele_tls::token::Bearer,
+    /// A client of a controller-managed cell keeps its route cache current
+    /// from the controllers' pushed route changes (`WatchRoutes`); off: it
+    /// learns of a change only when a request is redirected.
+    pub watch_routes: bool,
 }
 
 impl Default for ClientOptions {
@@ -52,6 +57,7 @@ impl Default for ClientOptions {
             page_records: 1000,
             tls: None,
             token: stele_tls::token::Bearer::none(),
+            watch_routes: true,
         }
     }
 }
@@ -74,12 +80,71 @@ pub struct Client {
 pub(crate) struct Inner {
     pub(crate) seed: String,
     /// The cell's controllers, when routes come from them.
-    admin: Option<admin::Admin>,
+    pub(crate) admin: Option<admin::Admin>,
     /// Route map generation of the last controller refresh.
     route_generation: std::sync::atomic::AtomicU64,
     pub(crate) opts: ClientOptions,
     pub(crate) routes: RwLock<RouteTable>,
     channels: Mutex<HashMap<String, Channel>>,
+    pub(crate) stats: RouteCounters,
+    /// The route watch ([`crate::watch`]), stopped with the client.
+    watch: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(task) = self.watch.get_mut().ok().and_then(Option::take) {
+            task.abort();
+        }
+    }
+}
+
+/// How the route cache was kept: what [`Client::route_stats`] reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RouteStats {
+    /// Calls with an attempt answered `StaleRoute`, `NotLeader` or
+    /// `TabletNotFound`: requests that went to a wrong node for want of a
+    /// current route (a call counts once, however many such attempts).
+    pub redirects: u64,
+    /// Pushed route messages applied (the first of each watch included).
+    pub pushed: u64,
+    /// Routes those messages carried (changed and removed tablets).
+    pub pushed_routes: u64,
+    /// A route watch is open now.
+    pub watching: bool,
+}
+
+#[derive(Default)]
+pub(crate) struct RouteCounters {
+    redirects: AtomicU64,
+    pushed: AtomicU64,
+    pushed_routes: AtomicU64,
+    watching: AtomicBool,
+}
+
+impl RouteCounters {
+    pub(crate) fn redirected(&self) {
+        self.redirects.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn pushed(&self, msg: &pb::GetRoutesResponse) {
+        self.pushed.fetch_add(1, Ordering::Relaxed);
+        let n = msg.tablets.len() + msg.removed.len();
+        self.pushed_routes.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_watching(&self, on: bool) {
+        self.watching.store(on, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> RouteStats {
+        RouteStats {
+            redirects: self.redirects.load(Ordering::Relaxed),
+            pushed: self.pushed.load(Ordering::Relaxed),
+            pushed_routes: self.pushed_routes.load(Ordering::Relaxed),
+            watching: self.watching.load(Ordering::Relaxed),
+        }
+    }
 }
 
 impl std::fmt::Debug for Client {
@@ -102,6 +167,8 @@ impl Client {
                 opts,
                 routes: RwLock::new(RouteTable::new()),
                 channels: Mutex::new(HashMap::new()),
+                stats: RouteCounters::default(),
+                watch: Mutex::new(None),
             }),
         };
         client.refresh_routes().await?;
@@ -109,9 +176,10 @@ impl Client {
     }
 
     /// Connects to a controller-managed cell: routes come from the
-    /// controllers' route map (`GetRoutes`, deltas by generation), and the
-    /// data path goes straight to tablet leaders; the controllers are asked
-    /// again only when the cache is found stale.
+    /// controllers' route map (`GetRoutes`, deltas by generation), kept
+    /// current by their pushed changes ([`ClientOptions::watch_routes`]),
+    /// and the data path goes straight to tablet leaders; the controllers
+    /// are also asked again when the cache is found stale.
     pub async fn connect_cell(controllers: &[String], opts: ClientOptions) -> Result<Client> {
         let admin = admin::Admin::with_tls(controllers.to_vec(), opts.tls.clone())?;
         let client = Client {
@@ -122,10 +190,21 @@ impl Client {
                 opts,
                 routes: RwLock::new(RouteTable::new()),
                 channels: Mutex::new(HashMap::new()),
+                stats: RouteCounters::default(),
+                watch: Mutex::new(None),
             }),
         };
         client.refresh_routes().await?;
+        if client.inner.opts.watch_routes {
+            let task = tokio::spawn(crate::watch::run(Arc::downgrade(&client.inner)));
+            *client.inner.watch.lock().expect("watch lock") = Some(task);
+        }
         Ok(client)
+    }
+
+    /// How the route cache was kept so far.
+    pub fn route_stats(&self) -> RouteStats {
+        self.inner.stats.get()
     }
 
     /// The controllers of the cell, when connected through them.
@@ -162,16 +241,7 @@ impl Client {
     /// else from the seed node's `ListTablets`.
     pub async fn refresh_routes(&self) -> Result<()> {
         if let Some(admin) = &self.inner.admin {
-            use std::sync::atomic::Ordering;
-            let complete = {
-                let routes = self.inner.routes.read().expect("routes lock");
-                !routes.is_empty() && routes.routes().all(|r| !r.leader_endpoint.is_empty())
-            };
-            let since = if complete {
-                self.inner.route_generation.load(Ordering::Relaxed)
-            } else {
-                0
-            };
+            let since = self.route_since();
             let resp = admin
                 .call(|mut c| async move {
                     c.get_routes(pb::GetRoutesRequest {
@@ -180,14 +250,7 @@ impl Client {
                     .await
                 })
                 .await?;
-            let mut routes = self.inner.routes.write().expect("routes lock");
-            for id in &resp.removed {
-                routes.remove(*id);
-            }
-            routes.merge(&resp.tablets);
-            self.inner
-                .route_generation
-                .fetch_max(resp.generation, Ordering::Relaxed);
+            self.apply_routes(&resp);
             return Ok(());
         }
         let tablets = self.list_tablets_at(&self.inner.seed).await?;
@@ -197,6 +260,38 @@ impl Client {
             .expect("routes lock")
             .merge(&tablets);
         Ok(())
+    }
+
+    /// The route generation to ask the controllers from: the cached one,
+    /// or 0 (the whole map) when a route lacks its leader.
+    pub(crate) fn route_since(&self) -> u64 {
+        let routes = self.inner.routes.read().expect("routes lock");
+        let complete = !routes.is_empty() && routes.routes().all(|r| !r.leader_endpoint.is_empty());
+        if complete {
+            self.inner.route_generation.load(Ordering::Relaxed)
+        } else {
+            0
+        }
+    }
+
+    /// Applies a controller route answer or pushed change: the whole map
+    /// replaces the cache; a delta replaces the routes it names.
+    pub(crate) fn apply_routes(&self, resp: &pb::GetRoutesResponse) {
+        let mut routes = self.inner.routes.write().expect("routes lock");
+        let held = self.inner.route_generation.load(Ordering::Relaxed);
+        if resp.full && resp.generation >= held {
+            *routes = RouteTable::from_descriptors(&resp.tablets);
+        } else {
+            // A delta, or a whole map older than one applied meanwhile
+            // (a poll and a push crossing): per tablet, newer wins.
+            for id in &resp.removed {
+                routes.remove(*id);
+            }
+            routes.merge(&resp.tablets);
+        }
+        self.inner
+            .route_generation
+            .fetch_max(resp.generation, Ordering::Relaxed);
     }
 
     /// The tablets the seed node knows.

@@ -84,6 +84,18 @@ pub(crate) enum Repair {
     Refresh,
 }
 
+impl Repair {
+    /// The attempt reached a node that is not the tablet's leader, or
+    /// whose range moved on: a round trip a current route would have
+    /// saved.
+    fn redirected(&self) -> bool {
+        matches!(
+            self,
+            Repair::Apply(_) | Repair::SetLeader { .. } | Repair::Remove(_)
+        )
+    }
+}
+
 /// What the driver does after a failed attempt.
 #[derive(Debug)]
 pub(crate) enum Action {
@@ -225,7 +237,10 @@ impl Client {
         Fut: Future<Output = std::result::Result<tonic::Response<R>, tonic::Status>>,
     {
         let policy = &self.inner.opts.retry;
-        loop {
+        // Whether an attempt went to the wrong node for want of a current
+        // route: counted once per call (`RouteStats::redirects`).
+        let mut redirected = false;
+        let out = loop {
             let routed = route(&self.inner.routes.read().expect("routes lock"));
             let (tablet, verdict) = match routed {
                 Err(verdict) => (None, verdict),
@@ -238,23 +253,30 @@ impl Client {
                 }
             };
             let err = match verdict {
-                Verdict::Done(v) => return Ok(v),
-                Verdict::Fatal(e) => return Err(e),
+                Verdict::Done(v) => break Ok(v),
+                Verdict::Fatal(e) => break Err(e),
                 Verdict::Moved(e) => {
-                    self.repair(redirect_repair(&e, tablet)).await;
-                    return Err(e);
+                    let repair = redirect_repair(&e, tablet);
+                    redirected |= repair.redirected();
+                    self.repair(repair).await;
+                    break Err(e);
                 }
                 Verdict::Failed(e) => e,
             };
             match budget.after(policy, err, tablet, jitter()) {
-                Action::GiveUp(e) => return Err(e),
+                Action::GiveUp(e) => break Err(e),
                 Action::Again { err, repair, wait } => {
                     tracing::debug!(call = what, error = %err, ?wait, attempt = budget.attempts, ?repair, "retrying");
+                    redirected |= repair.redirected();
                     self.repair(repair).await;
                     tokio::time::sleep(wait).await;
                 }
             }
+        };
+        if redirected {
+            self.inner.stats.redirected();
         }
+        out
     }
 
     /// Applies a repair to the route cache, reloading the routes when the

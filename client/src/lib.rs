@@ -19,6 +19,8 @@
 //!   backoff with jitter, deadline, route repairs on redirects).
 //! - [`retry`]: the retry policy, pure.
 //! - [`routes`]: the route cache, pure.
+//! - `watch`: keeps the cache current from the controllers' pushed route
+//!   changes.
 //! - [`records`]: record helpers and the limits checked before sending.
 //! - [`admin`]: the leader-following client of a quorum (controllers,
 //!   directory), shared with the node's agent and ownership lookups.
@@ -48,11 +50,12 @@ pub mod records;
 pub mod retry;
 pub mod routes;
 mod scan;
+mod watch;
 
 pub use append::AppendOutcome;
 pub(crate) use append::new_batch_id;
 pub use batcher::{Batcher, BatcherOptions};
-pub use client::{Client, ClientOptions};
+pub use client::{Client, ClientOptions, RouteStats};
 pub use error::{Error, Result};
 pub use global::{GlobalClient, Placement};
 pub use read::ScanPage;

@@ -104,6 +104,16 @@ impl pb::controller_server::Controller for Api {
         }))
     }
 
+    type WatchRoutesStream = crate::routes_feed::Watch;
+
+    async fn watch_routes(
+        &self,
+        request: Request<pb::WatchRoutesRequest>,
+    ) -> Result<Response<Self::WatchRoutesStream>, Status> {
+        let since = request.into_inner().since_generation;
+        crate::routes_feed::watch(self.0.clone(), since).map(Response::new)
+    }
+
     async fn cell_status(
         &self,
         request: Request<pb::CellStatusRequest>,

@@ -30,6 +30,14 @@ impl Api {
         c.require_leader()?;
         crate::formats::admit(c, &reg)?;
         let now = Instant::now();
+        // Leaders reported (in full, or changed since the base): for the
+        // route watches, once the reports are taken.
+        let leading: Vec<(u64, u64)> = req
+            .replicas
+            .iter()
+            .filter(|r| r.leader)
+            .map(|r| (r.tablet, r.term))
+            .collect();
         let update = ReportUpdate {
             seq: req.report_seq,
             base: req.report_base,
@@ -50,7 +58,9 @@ impl Api {
                 }
                 taken
             });
-        if !taken {
+        if taken {
+            c.routes.note_leaders(reg.id, leading);
+        } else {
             crate::metrics::record_heartbeat_resync();
             return Ok(Response::new(pb::HeartbeatResponse {
                 node_state: String::new(),

@@ -13,6 +13,7 @@
 //! - [`restart`]: making a node safe to restart (quorum check, leader
 //!   hand-off), the plan pure.
 //! - [`api`]: the gRPC API.
+//! - [`routes_feed`]: route changes pushed to watching clients.
 //! - [`server`]: a controller process: its quorum, services and driver.
 //! - [`backup`]: the leader's backups of the cell state to the bucket.
 //! - [`tokens`]: namespace tokens: signing keys, issue, revoke, what
@@ -37,6 +38,7 @@ pub mod metrics;
 pub mod orders;
 pub mod placement;
 pub mod restart;
+pub mod routes_feed;
 pub mod scheduler;
 pub mod server;
 pub mod state;

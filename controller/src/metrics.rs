@@ -24,6 +24,17 @@ const INTENT_KINDS: [&str; 4] = ["move", "transfer_leader", "split", "merge"];
 const INTENT_STATES: [&str; 3] = ["pending", "done", "failed"];
 
 /// One heartbeat handled (answered, or refused).
+/// Open `WatchRoutes` streams on this controller, up or down by `by`.
+pub(crate) fn route_watchers(by: f64) {
+    gauge!("stele_controller_route_watchers").increment(by);
+}
+
+/// One route-change message sent to a watch, naming `routes` tablets.
+pub(crate) fn route_delta_sent(routes: usize) {
+    counter!("stele_controller_route_deltas_total").increment(1);
+    counter!("stele_controller_route_delta_routes_total").increment(routes as u64);
+}
+
 pub(crate) fn record_heartbeat(elapsed: Duration, ok: bool) {
     // Literal labels: a static key, nothing allocated per heartbeat.
     if ok {

@@ -89,6 +89,8 @@ pub struct Controller {
     /// What each node was told, for delta heartbeats (the leader's soft
     /// state, started afresh in each term).
     book: Mutex<Option<crate::book::Book>>,
+    /// Route changes for `WatchRoutes` (the leader's soft state).
+    pub(crate) routes: crate::routes_feed::RouteFeed,
     pub(crate) cancel: CancellationToken,
 }
 
@@ -108,9 +110,11 @@ impl Controller {
             quorum: Arc::new(quorum),
             health: Default::default(),
             book: Default::default(),
+            routes: Default::default(),
             cancel: CancellationToken::new(),
         });
         tokio::spawn(crate::driver::run(c.clone()));
+        tokio::spawn(crate::routes_feed::run(c.clone()));
         if let Some(b) = c.opts.backup.clone() {
             crate::backup::spawn(&c, b);
         }
@@ -246,6 +250,15 @@ impl Controller {
         leaders: &HashMap<u64, pb::ReplicaReport>,
     ) -> pb::TabletDescriptor {
         let leader_node = leaders.get(&t.id).map_or(0, |r| node_of(r.replica_id));
+        Controller::descriptor_at(s, t, leader_node)
+    }
+
+    /// `t`'s route with `leader_node` (0: unknown) as its leader.
+    pub(crate) fn descriptor_at(
+        s: &CellState,
+        t: &TabletRec,
+        leader_node: u64,
+    ) -> pb::TabletDescriptor {
         pb::TabletDescriptor {
             id: t.id,
             vshard_lo: t.lo,

@@ -331,6 +331,22 @@ impl<S: QuorumState> Quorum<S> {
         self.raft.metrics().borrow_watched().last_applied.index()
     }
 
+    /// Waits up to `timeout` for an entry past index `after` to be applied
+    /// on this member; the last applied index then (`None`: none within
+    /// the time, or the member stopped).
+    pub async fn wait_applied_past(&self, after: u64, timeout: Duration) -> Option<u64> {
+        use openraft::LogIdOptionExt;
+        self.raft
+            .wait(Some(timeout))
+            .metrics(
+                |m| m.last_applied.index().unwrap_or(0) > after,
+                "an entry applied",
+            )
+            .await
+            .ok()
+            .and_then(|m| m.last_applied.index())
+    }
+
     /// The current term (changes with every new leader).
     pub fn term(&self) -> u64 {
         self.raft.metrics().borrow_watched().current_term

@@ -491,6 +491,13 @@ impl pb::controller_server::Controller for OldController {
     ) -> Result<tonic::Response<pb::GetRoutesResponse>, tonic::Status> {
         Err(tonic::Status::unimplemented("old controller"))
     }
+    type WatchRoutesStream = tonic::codegen::BoxStream<pb::GetRoutesResponse>;
+    async fn watch_routes(
+        &self,
+        _: tonic::Request<pb::WatchRoutesRequest>,
+    ) -> Result<tonic::Response<Self::WatchRoutesStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("old controller"))
+    }
     async fn cell_status(
         &self,
         _: tonic::Request<pb::CellStatusRequest>,

@@ -123,6 +123,7 @@ const CONTROLLER_OPERATOR: &[&str] = &[
 /// Reads of the controller API, open to any caller.
 const CONTROLLER_READ: &[&str] = &[
     "GetRoutes",
+    "WatchRoutes",
     "CellStatus",
     "ListNodes",
     "ListCellTablets",

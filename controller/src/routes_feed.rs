@@ -1,0 +1,495 @@
+//! Route changes pushed to watching clients (`WatchRoutes`). The leader
+//! files each change of the route map as it learns of it — a committed
+//! route generation (split, merge, move, placement) or a newer leader in a
+//! node's heartbeat — and every open watch sends the tablets changed past
+//! its cursor.
+//!
+//! ```text
+//! applied state, route generation bumped ──note_state──┐
+//! heartbeat: a leader in a newer Raft term ─note_leader─┤
+//!                                                      ▼
+//!                  FeedLog { seq, [(seq, tablet)], leaders } ──seq──▶ watch::Sender
+//!                                                      │
+//!  a watch at cursor c ◀── since(c): tablets changed after c, or Whole
+//!                          (c older than what is kept, or another term)
+//! ```
+//!
+//! The log is the leader's soft state, kept per term: a watch belongs to
+//! the term it was opened in and ends with it (the client reopens at the
+//! new leader, from its route generation). Leaders are kept across terms:
+//! a tablet's Raft term only grows, so an older report never wins.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use stele_proto::pb;
+use tokio::sync::watch;
+use tonic::Status;
+
+use crate::server::Controller;
+use crate::state::{CellState, TabletRec};
+
+/// Changes kept for watches that fall behind; one further back than this
+/// is sent the whole map.
+const KEEP: usize = 1 << 18;
+
+/// The route changes of the current leader term, for watches.
+pub struct RouteFeed {
+    log: Mutex<FeedLog>,
+    seq: watch::Sender<u64>,
+}
+
+#[derive(Default)]
+struct FeedLog {
+    /// The controller term this log belongs to (0: none yet).
+    term: u64,
+    /// The route generation whose changes are filed.
+    generation: u64,
+    /// The placed tablets as of `generation`.
+    known: HashSet<u64>,
+    seq: u64,
+    /// A cursor below this was dropped from `changes`: the whole map.
+    floor: u64,
+    /// (seq, tablet), seq ascending.
+    changes: VecDeque<(u64, u64)>,
+    /// Each tablet's leader: (its Raft term, node).
+    leaders: HashMap<u64, (u64, u64)>,
+}
+
+/// What a watch at a cursor is to send.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Since {
+    /// These tablets changed after the cursor (ascending); the new cursor.
+    Changed(Vec<u64>, u64),
+    /// The cursor is older than the log (or of another term): the whole
+    /// map; the new cursor.
+    Whole(u64),
+}
+
+impl Default for RouteFeed {
+    fn default() -> Self {
+        RouteFeed {
+            log: Mutex::new(FeedLog::default()),
+            seq: watch::Sender::new(0),
+        }
+    }
+}
+
+impl RouteFeed {
+    /// The log; a panic while filing leaves at worst a change unfiled,
+    /// which the next one of that tablet repairs.
+    fn log(&self) -> MutexGuard<'_, FeedLog> {
+        self.log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Wakes on every filed change.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.seq.subscribe()
+    }
+
+    /// Starts the log of controller term `term` from state `s` (nothing
+    /// if it is that term's already), taking leaders newer than the ones
+    /// held. Every cursor of an earlier term now gets the whole map.
+    pub fn start_term(&self, term: u64, s: &CellState, leaders: &HashMap<u64, pb::ReplicaReport>) {
+        let mut log = self.log();
+        if log.term == term {
+            return;
+        }
+        log.term = term;
+        log.generation = s.route_generation;
+        log.known = s
+            .tablets
+            .values()
+            .filter(|t| placed(t))
+            .map(|t| t.id)
+            .collect();
+        log.changes.clear();
+        log.seq += 1;
+        log.floor = log.seq;
+        for r in leaders.values() {
+            log.leader(r.tablet, r.term, crate::state::node_of(r.replica_id));
+        }
+        let seq = log.seq;
+        drop(log);
+        self.seq.send_replace(seq);
+    }
+
+    /// Files the tablets that state `s` changed since the generation filed
+    /// last: placed, moved, split, merged away.
+    pub fn note_state(&self, s: &CellState) {
+        let mut log = self.log();
+        if log.term == 0 || s.route_generation <= log.generation {
+            return;
+        }
+        let since = log.generation;
+        let mut placed_now = 0usize;
+        let mut changed = Vec::new();
+        for t in s.tablets.values() {
+            placed_now += usize::from(placed(t));
+            if t.generation > since {
+                changed.push(t.id);
+                if placed(t) {
+                    log.known.insert(t.id);
+                } else {
+                    log.known.remove(&t.id);
+                }
+            }
+        }
+        if log.known.len() > placed_now {
+            // Some tablet left the map without a generation of its own (a
+            // merge's absorbed tablet): find it.
+            let gone: Vec<u64> = log
+                .known
+                .iter()
+                .filter(|id| !s.tablets.get(id).is_some_and(placed))
+                .copied()
+                .collect();
+            for id in gone {
+                log.known.remove(&id);
+                changed.push(id);
+            }
+        }
+        log.generation = s.route_generation;
+        for id in changed {
+            log.push(id);
+        }
+        let seq = log.seq;
+        drop(log);
+        self.seq.send_replace(seq);
+    }
+
+    /// Files `node` as the leader of each `(tablet, Raft term)` where that
+    /// is newer than the leader held. Returns how many were.
+    pub fn note_leaders(&self, node: u64, leading: impl IntoIterator<Item = (u64, u64)>) -> usize {
+        let mut log = self.log();
+        let mut newer = 0;
+        for (tablet, term) in leading {
+            if log.leader(tablet, term, node) {
+                newer += 1;
+                if log.term != 0 {
+                    log.push(tablet);
+                }
+            }
+        }
+        if newer > 0 {
+            let seq = log.seq;
+            drop(log);
+            self.seq.send_replace(seq);
+        }
+        newer
+    }
+
+    /// The leader node held for `tablet` (0: none).
+    pub fn leader_of(&self, tablet: u64) -> u64 {
+        self.log().leaders.get(&tablet).map_or(0, |l| l.1)
+    }
+
+    /// The cursor a new watch of term `term` starts from, if the log is
+    /// that term's.
+    pub fn cursor(&self, term: u64) -> Option<u64> {
+        let log = self.log();
+        (log.term == term).then_some(log.seq)
+    }
+
+    /// What a watch of term `term` at `cursor` is to send.
+    pub fn since(&self, term: u64, cursor: u64) -> Since {
+        let log = self.log();
+        if log.term != term || cursor < log.floor {
+            return Since::Whole(log.seq);
+        }
+        let from = log.changes.partition_point(|(seq, _)| *seq <= cursor);
+        let mut ids: Vec<u64> = log.changes.range(from..).map(|(_, t)| *t).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        Since::Changed(ids, log.seq)
+    }
+
+    /// Descriptors of `tablets` in `s` with the leaders held, and the
+    /// tablets that are no longer in the map.
+    pub fn describe(
+        &self,
+        s: &CellState,
+        tablets: impl Iterator<Item = u64>,
+    ) -> (Vec<pb::TabletDescriptor>, Vec<u64>) {
+        let log = self.log();
+        let (mut found, mut removed) = (Vec::new(), Vec::new());
+        for id in tablets {
+            match s.tablets.get(&id).filter(|t| placed(t)) {
+                Some(t) => found.push(descriptor(s, t, &log.leaders)),
+                None => removed.push(id),
+            }
+        }
+        (found, removed)
+    }
+
+    /// The whole map of `s`, or its tablets changed after generation
+    /// `since` (all when 0 or ahead of `s`), with the leaders held.
+    pub fn map(&self, s: &CellState, since: u64) -> pb::GetRoutesResponse {
+        let full = since == 0 || since > s.route_generation;
+        let log = self.log();
+        let tablets = s
+            .tablets
+            .values()
+            .filter(|t| placed(t) && (full || t.generation > since))
+            .map(|t| descriptor(s, t, &log.leaders))
+            .collect();
+        pb::GetRoutesResponse {
+            generation: s.route_generation,
+            tablets,
+            removed: Vec::new(),
+            full,
+        }
+    }
+}
+
+impl FeedLog {
+    fn leader(&mut self, tablet: u64, term: u64, node: u64) -> bool {
+        match self.leaders.get(&tablet) {
+            Some(&(t, n)) if t > term || (t == term && n == node) => false,
+            _ => {
+                self.leaders.insert(tablet, (term, node));
+                true
+            }
+        }
+    }
+
+    fn push(&mut self, tablet: u64) {
+        self.seq += 1;
+        self.changes.push_back((self.seq, tablet));
+        if self.changes.len() > KEEP
+            && let Some((seq, _)) = self.changes.pop_front()
+        {
+            self.floor = seq;
+        }
+    }
+}
+
+/// A tablet in the route map: one with voters.
+fn placed(t: &TabletRec) -> bool {
+    !t.voters.is_empty()
+}
+
+fn descriptor(
+    s: &CellState,
+    t: &TabletRec,
+    leaders: &HashMap<u64, (u64, u64)>,
+) -> pb::TabletDescriptor {
+    // A leader that is no longer a voter (moved away) is no hint.
+    let leader = leaders
+        .get(&t.id)
+        .map(|l| l.1)
+        .filter(|n| t.voters.iter().any(|v| v.node == *n))
+        .unwrap_or(0);
+    Controller::descriptor_at(s, t, leader)
+}
+
+/// The stream of one `WatchRoutes` call.
+pub type Watch = tokio_stream::wrappers::ReceiverStream<Result<pb::GetRoutesResponse, Status>>;
+
+/// Messages a watch may have waiting for a slow reader; past that it waits,
+/// and past [`KEEP`] changes it is sent the whole map.
+const WATCH_BUFFER: usize = 4;
+
+/// How often an idle watch checks that this controller still leads.
+const WATCH_RECHECK: Duration = Duration::from_millis(500);
+
+/// Opens a watch from route generation `since`: the map's delta since then
+/// first, then every change filed, until the caller leaves, this
+/// controller stops leading (the stream ends with `NotLeader`) or stops.
+pub(crate) fn watch(c: Arc<Controller>, since: u64) -> Result<Watch, Status> {
+    let term = c.quorum.leading_term().ok_or_else(|| c.not_leader())?;
+    // The log of this term exists once the feed task saw the lead; until
+    // then (a moment after an election) the caller retries.
+    let mut cursor = c
+        .routes
+        .cursor(term)
+        .ok_or_else(|| Status::unavailable("the route feed of this leader is starting"))?;
+    let mut changed = c.routes.subscribe();
+    let first = Controller::blocking(|| c.routes.map(&c.quorum.state(), since));
+    let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
+    tokio::spawn(async move {
+        crate::metrics::route_watchers(1.0);
+        let mut next = Some(first);
+        while let Some(msg) = next.take() {
+            if !msg.tablets.is_empty() || !msg.removed.is_empty() || msg.full {
+                crate::metrics::route_delta_sent(msg.tablets.len() + msg.removed.len());
+            }
+            if tx.send(Ok(msg)).await.is_err() {
+                break;
+            }
+            next = loop {
+                tokio::select! {
+                    _ = c.cancel.cancelled() => break None,
+                    _ = tx.closed() => break None,
+                    r = tokio::time::timeout(WATCH_RECHECK, changed.changed()) => {
+                        if matches!(r, Ok(Err(_))) {
+                            break None;
+                        }
+                    }
+                }
+                if c.quorum.leading_term() != Some(term) {
+                    let _ = tx.send(Err(c.not_leader())).await;
+                    break None;
+                }
+                let s = c.quorum.state();
+                match c.routes.since(term, cursor) {
+                    Since::Changed(ids, _) if ids.is_empty() => continue,
+                    Since::Changed(ids, at) => {
+                        cursor = at;
+                        let (tablets, removed) = c.routes.describe(&s, ids.into_iter());
+                        break Some(pb::GetRoutesResponse {
+                            generation: s.route_generation,
+                            tablets,
+                            removed,
+                            full: false,
+                        });
+                    }
+                    Since::Whole(at) => {
+                        cursor = at;
+                        break Some(c.routes.map(&s, 0));
+                    }
+                }
+            };
+        }
+        crate::metrics::route_watchers(-1.0);
+    });
+    Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// Files the route changes of every applied entry while this controller
+/// leads, until it stops.
+pub async fn run(c: Arc<Controller>) {
+    let mut applied = 0;
+    loop {
+        if let Some(term) = c.quorum.leading_term() {
+            let leaders = c.routes.cursor(term).is_none().then(|| c.leaders());
+            Controller::blocking(|| {
+                let s = c.quorum.state();
+                if let Some(leaders) = &leaders {
+                    c.routes.start_term(term, &s, leaders);
+                }
+                c.routes.note_state(&s);
+            });
+        }
+        tokio::select! {
+            _ = c.cancel.cancelled() => return,
+            a = c.quorum.wait_applied_past(applied, Duration::from_millis(500)) => {
+                applied = a.unwrap_or(applied);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::ReplicaRec;
+
+    fn tablet(id: u64, generation: u64) -> TabletRec {
+        TabletRec {
+            id,
+            lo: 0,
+            hi: 0,
+            generation,
+            range_generation: generation,
+            voters: vec![ReplicaRec {
+                replica_id: (id << crate::state::NODE_BITS) | 1,
+                node: 1,
+            }],
+            leaving: None,
+            initializer: None,
+            leader_replica: 0,
+            intent: 0,
+        }
+    }
+
+    fn state(tablets: &[(u64, u64)]) -> CellState {
+        let mut s = CellState::new();
+        for &(id, g) in tablets {
+            s.tablets.insert(id, tablet(id, g));
+            s.route_generation = s.route_generation.max(g);
+        }
+        s
+    }
+
+    #[test]
+    fn a_watch_gets_the_tablets_changed_past_its_cursor_once_each() {
+        let feed = RouteFeed::default();
+        let s = state(&[(1, 1), (2, 2)]);
+        feed.start_term(5, &s, &HashMap::new());
+        let c0 = feed.cursor(5).unwrap();
+        assert_eq!(feed.since(5, c0), Since::Changed(vec![], c0));
+        // A split of 1 (1 and 3 at generation 3), then a move of 2.
+        let mut s = state(&[(1, 3), (2, 4), (3, 3)]);
+        feed.note_state(&s);
+        let Since::Changed(ids, c1) = feed.since(5, c0) else {
+            panic!("whole map")
+        };
+        assert_eq!(ids, vec![1, 2, 3]);
+        // A leader report, twice, then an older one: one change.
+        assert_eq!(feed.note_leaders(2, [(3, 7)]), 1);
+        assert_eq!(feed.note_leaders(2, [(3, 7)]), 0);
+        assert_eq!(feed.note_leaders(1, [(3, 6)]), 0);
+        assert_eq!(feed.leader_of(3), 2);
+        // A merge absorbing 3 into 1: 3 leaves the map with no generation.
+        s.tablets.remove(&3);
+        s.tablets.get_mut(&1).unwrap().generation = 5;
+        s.route_generation = 5;
+        feed.note_state(&s);
+        let Since::Changed(ids, c2) = feed.since(5, c1) else {
+            panic!("whole map")
+        };
+        assert_eq!(ids, vec![1, 3]);
+        let (found, removed) = feed.describe(&s, ids.into_iter());
+        assert_eq!(found.iter().map(|d| d.id).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(removed, vec![3]);
+        // Nothing new: nothing to send; the same generation again: nothing filed.
+        feed.note_state(&s);
+        assert_eq!(feed.since(5, c2), Since::Changed(vec![], c2));
+    }
+
+    #[test]
+    fn a_cursor_of_another_term_or_past_the_kept_changes_gets_the_whole_map() {
+        let feed = RouteFeed::default();
+        let s = state(&[(1, 1)]);
+        feed.start_term(1, &s, &HashMap::new());
+        let c = feed.cursor(1).unwrap();
+        assert!(feed.cursor(2).is_none());
+        feed.start_term(2, &s, &HashMap::new());
+        assert!(matches!(feed.since(1, c), Since::Whole(_)));
+        assert!(matches!(feed.since(2, c), Since::Whole(_)));
+        let c = feed.cursor(2).unwrap();
+        for i in 0..(KEEP as u64 + 10) {
+            feed.note_leaders(1 + i % 2, [(1, i + 1)]);
+        }
+        assert!(matches!(feed.since(2, c), Since::Whole(_)));
+        let Since::Whole(last) = feed.since(2, c) else {
+            unreachable!()
+        };
+        assert_eq!(feed.since(2, last), Since::Changed(vec![], last));
+    }
+
+    #[test]
+    fn leaders_learned_before_a_term_starts_are_kept() {
+        let feed = RouteFeed::default();
+        // A report filed before the first term's log exists is kept, and
+        // pushes nothing.
+        assert_eq!(feed.note_leaders(2, [(1, 3)]), 1);
+        let mut seeded = HashMap::new();
+        seeded.insert(
+            1,
+            pb::ReplicaReport {
+                tablet: 1,
+                term: 2,
+                replica_id: (1 << crate::state::NODE_BITS) | 3,
+                leader: true,
+                ..Default::default()
+            },
+        );
+        feed.start_term(1, &state(&[(1, 1)]), &seeded);
+        assert_eq!(feed.leader_of(1), 2, "an older seeded leader does not win");
+    }
+}

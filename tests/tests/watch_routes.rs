@@ -1,0 +1,212 @@
+//! Pushed routes (`WatchRoutes`) in a controller-managed cell of real
+//! processes: a client's route map follows splits and moves as they
+//! commit, so requests after a change go straight to the right leader.
+//! - Under continuous appends, five splits and two moves: at most 1% of
+//!   the writer's appends take a `StaleRoute`/`NotLeader`/`TabletNotFound`
+//!   round trip (counted by the client), and every acknowledged record is
+//!   there exactly once.
+//! - Two clients connected before the changes and idle through them then
+//!   append to every tablet of the namespace: the watching one is never
+//!   redirected (its map was pushed); the control, with the watch turned
+//!   off, is (its map went stale), which shows the check can fail.
+//! - The watch follows a controller leader change: the stream ends with the
+//!   old leader and the client reopens it at the new one.
+
+use std::time::{Duration, Instant};
+
+use stele_client::{Client, ClientOptions};
+use stele_proto::vshard::{namespace_range, vshard};
+use stele_tests::cell::client_options;
+use stele_tests::controlled::{ControlledCell, Writer, voter_nodes};
+
+const NS: &str = "watch/ns";
+
+/// `stele tablet split ID --at AT --wait`, retried while busy.
+fn split_at(cell: &ControlledCell, at: u32) {
+    let t = cell
+        .tablets()
+        .into_iter()
+        .find(|t| {
+            let lo = t["vshard_lo"].as_u64().unwrap();
+            let hi = t["vshard_hi"].as_u64().unwrap();
+            lo < u64::from(at) && u64::from(at) < hi
+        })
+        .expect("a tablet holds the split point");
+    let id = t["id"].as_u64().unwrap().to_string();
+    let i = cell.json_retrying_busy(&["tablet", "split", &id, "--at", &at.to_string(), "--wait"]);
+    assert_eq!(i["state"], "done", "{i}");
+}
+
+/// Moves the `n`th tablet of the namespace off its leader's node, to a
+/// node that holds none of it.
+fn move_leader_away(cell: &ControlledCell, n: usize) {
+    let (lo, hi) = namespace_range(NS);
+    let t = cell
+        .tablets()
+        .into_iter()
+        .filter(|t| {
+            t["vshard_lo"].as_u64().unwrap() < hi && t["vshard_hi"].as_u64().unwrap() > lo as u64
+        })
+        .nth(n)
+        .expect("a tablet of the namespace");
+    let id = t["id"].as_u64().unwrap().to_string();
+    let from = t["leader_node"].as_u64().unwrap();
+    let voters = voter_nodes(&t);
+    let to = (1..=cell.nodes as u64)
+        .find(|x| !voters.contains(x))
+        .unwrap();
+    let i = cell.json_retrying_busy(&[
+        "tablet",
+        "move",
+        &id,
+        "--from",
+        &from.to_string(),
+        "--to",
+        &to.to_string(),
+        "--wait",
+    ]);
+    assert_eq!(i["state"], "done", "{i}");
+}
+
+/// A key of the namespace in each tablet's range, for every tablet that
+/// holds part of it.
+fn key_per_tablet(cell: &ControlledCell) -> Vec<(u64, String)> {
+    cell.tablets()
+        .iter()
+        .filter_map(|t| {
+            let (lo, hi) = (
+                t["vshard_lo"].as_u64().unwrap(),
+                t["vshard_hi"].as_u64().unwrap(),
+            );
+            (0..200_000)
+                .map(|i| format!("probe-{i}"))
+                .find(|k| {
+                    let v = u64::from(vshard(NS, k.as_bytes()));
+                    lo <= v && v < hi
+                })
+                .map(|k| (t["id"].as_u64().unwrap(), k))
+        })
+        .collect()
+}
+
+/// Appends `rounds` records to each key, one request each; returns the
+/// client's redirects over them.
+async fn probe(client: &Client, keys: &[(u64, String)], rounds: u64, tag: &str) -> u64 {
+    let before = client.route_stats().redirects;
+    for r in 0..rounds {
+        for (_, k) in keys {
+            let rec = stele_client::record(k.clone(), r + 1, format!("{tag}-{r}").into_bytes());
+            client.append(NS, vec![rec]).await.expect("probe append");
+        }
+    }
+    client.route_stats().redirects - before
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pushed_routes_send_requests_straight_to_the_leader_after_splits_and_moves() {
+    let mut cell = ControlledCell::new(3, 4);
+    // Leaders move only by the test's own moves.
+    cell.controller_flags
+        .extend(["--leader-balance-ms".into(), "0".into()]);
+    let (mut controllers, _nodes) = cell.start(1);
+    let endpoints = cell.controller_endpoints();
+    let client = Client::connect_cell(&endpoints, client_options())
+        .await
+        .unwrap();
+    let idle = Client::connect_cell(&endpoints, client_options())
+        .await
+        .unwrap();
+    let control = Client::connect_cell(
+        &endpoints,
+        ClientOptions {
+            watch_routes: false,
+            ..client_options()
+        },
+    )
+    .await
+    .unwrap();
+
+    let writer = Writer::start(client.clone(), NS, 4).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let writer_redirects = client.route_stats().redirects;
+    let (ns_lo, _) = namespace_range(NS);
+    // Each change, then a second of writes on the new map.
+    for at in [0x8000, 0x4000, 0xc000, 0x2000, 0xe000] {
+        split_at(&cell, ns_lo + at);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    for n in [1, 4] {
+        move_leader_away(&cell, n);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    cell.wait_settled(Duration::from_secs(60));
+    // The moved tablets' new leaders reach the controller with the next
+    // heartbeats (every 500 ms here), and the clients with the push.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let redirects = client.route_stats().redirects - writer_redirects;
+    let sent = writer.acked_count() as u64;
+    let acked = writer.stop_and_check(&client).await;
+    eprintln!("writer: {redirects} redirects over {sent} appends, {acked} acknowledged");
+    assert!(sent > 500, "the writer barely wrote: {sent}");
+    assert!(
+        redirects * 100 <= sent,
+        "{redirects} of {sent} appends were redirected after route changes"
+    );
+
+    let keys = key_per_tablet(&cell);
+    assert!(keys.len() >= 6, "tablets of the namespace: {keys:?}");
+    let pushed = idle.route_stats();
+    assert!(pushed.pushed > 0, "no route change was pushed: {pushed:?}");
+    let idle_redirects = probe(&idle, &keys, 10, "idle").await;
+    let control_redirects = probe(&control, &keys, 10, "control").await;
+    let n = keys.len() as u64 * 10;
+    eprintln!(
+        "idle clients over {n} appends: watching {idle_redirects}, not watching {control_redirects}"
+    );
+    assert!(
+        control_redirects > 0,
+        "the control was never redirected: the changes did not make a cached map stale"
+    );
+    assert!(
+        idle_redirects * 100 <= n,
+        "the watching client was redirected {idle_redirects} times in {n} appends"
+    );
+
+    // A controller leader change: the watch reopens at the new leader and
+    // the next change reaches the client.
+    let (ok, out, err) = cell.cli(&["cell", "status"]);
+    assert!(ok, "{out}{err}");
+    let leader = serde_json::from_str::<serde_json::Value>(&out).unwrap()["leader_id"]
+        .as_u64()
+        .unwrap() as usize;
+    controllers.remove(&leader).expect("leader process").kill9();
+    let before = idle.route_stats().pushed;
+    let at = Instant::now();
+    loop {
+        let (ok, out, _) = cell.cli(&["cell", "status"]);
+        if ok && serde_json::from_str::<serde_json::Value>(&out).unwrap()["leader_id"] != 0 {
+            break;
+        }
+        assert!(
+            at.elapsed() < Duration::from_secs(30),
+            "no new controller leader"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let generation = idle.routes().routes().map(|r| r.generation).max().unwrap();
+    split_at(&cell, ns_lo + 0x1000);
+    let at = Instant::now();
+    loop {
+        let now = idle.routes().routes().map(|r| r.generation).max().unwrap();
+        if idle.route_stats().pushed > before && now > generation {
+            break;
+        }
+        assert!(
+            at.elapsed() < Duration::from_secs(30),
+            "the split after the controller leader change was not pushed: {:?}, client at {now}, was {generation}, cell {:?}",
+            idle.route_stats(),
+            cell.cli(&["cell", "status"]).1
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
