@@ -101,6 +101,7 @@ impl pb::controller_server::Controller for Api {
             tablets,
             removed: Vec::new(),
             full,
+            filed_at_unix_us: 0,
         }))
     }
 

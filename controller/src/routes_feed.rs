@@ -51,8 +51,9 @@ struct FeedLog {
     seq: u64,
     /// A cursor below this was dropped from `changes`: the whole map.
     floor: u64,
-    /// (seq, tablet), seq ascending.
-    changes: VecDeque<(u64, u64)>,
+    /// (seq, tablet, when filed in µs since the Unix epoch), seq
+    /// ascending.
+    changes: VecDeque<(u64, u64, u64)>,
     /// Each tablet's leader: (its Raft term, node).
     leaders: HashMap<u64, (u64, u64)>,
 }
@@ -60,8 +61,10 @@ struct FeedLog {
 /// What a watch at a cursor is to send.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Since {
-    /// These tablets changed after the cursor (ascending); the new cursor.
-    Changed(Vec<u64>, u64),
+    /// These tablets changed after the cursor (ascending); the new
+    /// cursor; when the earliest of those changes was filed (µs since the
+    /// Unix epoch).
+    Changed(Vec<u64>, u64, u64),
     /// The cursor is older than the log (or of another term): the whole
     /// map; the new cursor.
     Whole(u64),
@@ -127,6 +130,7 @@ impl RouteFeed {
         let since = log.generation;
         let mut placed_now = 0usize;
         let mut changed = Vec::new();
+        let now = unix_us();
         for t in s.tablets.values() {
             placed_now += usize::from(placed(t));
             if t.generation > since {
@@ -154,7 +158,7 @@ impl RouteFeed {
         }
         log.generation = s.route_generation;
         for id in changed {
-            log.push(id);
+            log.push(id, now);
         }
         let seq = log.seq;
         drop(log);
@@ -166,11 +170,12 @@ impl RouteFeed {
     pub fn note_leaders(&self, node: u64, leading: impl IntoIterator<Item = (u64, u64)>) -> usize {
         let mut log = self.log();
         let mut newer = 0;
+        let now = unix_us();
         for (tablet, term) in leading {
             if log.leader(tablet, term, node) {
                 newer += 1;
                 if log.term != 0 {
-                    log.push(tablet);
+                    log.push(tablet, now);
                 }
             }
         }
@@ -200,11 +205,12 @@ impl RouteFeed {
         if log.term != term || cursor < log.floor {
             return Since::Whole(log.seq);
         }
-        let from = log.changes.partition_point(|(seq, _)| *seq <= cursor);
-        let mut ids: Vec<u64> = log.changes.range(from..).map(|(_, t)| *t).collect();
+        let from = log.changes.partition_point(|(seq, ..)| *seq <= cursor);
+        let earliest = log.changes.get(from).map_or(0, |c| c.2);
+        let mut ids: Vec<u64> = log.changes.range(from..).map(|c| c.1).collect();
         ids.sort_unstable();
         ids.dedup();
-        Since::Changed(ids, log.seq)
+        Since::Changed(ids, log.seq, earliest)
     }
 
     /// Descriptors of `tablets` in `s` with the leaders held, and the
@@ -241,6 +247,7 @@ impl RouteFeed {
             tablets,
             removed: Vec::new(),
             full,
+            filed_at_unix_us: 0,
         }
     }
 }
@@ -256,15 +263,22 @@ impl FeedLog {
         }
     }
 
-    fn push(&mut self, tablet: u64) {
+    fn push(&mut self, tablet: u64, now_us: u64) {
         self.seq += 1;
-        self.changes.push_back((self.seq, tablet));
+        self.changes.push_back((self.seq, tablet, now_us));
         if self.changes.len() > KEEP
-            && let Some((seq, _)) = self.changes.pop_front()
+            && let Some((seq, ..)) = self.changes.pop_front()
         {
             self.floor = seq;
         }
     }
+}
+
+/// Now, in µs since the Unix epoch (0 if the clock is before it).
+fn unix_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 /// A tablet in the route map: one with voters.
@@ -336,8 +350,8 @@ pub(crate) fn watch(c: Arc<Controller>, since: u64) -> Result<Watch, Status> {
                 }
                 let s = c.quorum.state();
                 match c.routes.since(term, cursor) {
-                    Since::Changed(ids, _) if ids.is_empty() => continue,
-                    Since::Changed(ids, at) => {
+                    Since::Changed(ids, ..) if ids.is_empty() => continue,
+                    Since::Changed(ids, at, filed) => {
                         cursor = at;
                         let (tablets, removed) = c.routes.describe(&s, ids.into_iter());
                         break Some(pb::GetRoutesResponse {
@@ -345,6 +359,7 @@ pub(crate) fn watch(c: Arc<Controller>, since: u64) -> Result<Watch, Status> {
                             tablets,
                             removed,
                             full: false,
+                            filed_at_unix_us: filed,
                         });
                     }
                     Since::Whole(at) => {
@@ -421,14 +436,15 @@ mod tests {
         let s = state(&[(1, 1), (2, 2)]);
         feed.start_term(5, &s, &HashMap::new());
         let c0 = feed.cursor(5).unwrap();
-        assert_eq!(feed.since(5, c0), Since::Changed(vec![], c0));
+        assert_eq!(feed.since(5, c0), Since::Changed(vec![], c0, 0));
         // A split of 1 (1 and 3 at generation 3), then a move of 2.
         let mut s = state(&[(1, 3), (2, 4), (3, 3)]);
         feed.note_state(&s);
-        let Since::Changed(ids, c1) = feed.since(5, c0) else {
+        let Since::Changed(ids, c1, filed) = feed.since(5, c0) else {
             panic!("whole map")
         };
         assert_eq!(ids, vec![1, 2, 3]);
+        assert!(filed > 0 && filed <= unix_us(), "filed at {filed}");
         // A leader report, twice, then an older one: one change.
         assert_eq!(feed.note_leaders(2, [(3, 7)]), 1);
         assert_eq!(feed.note_leaders(2, [(3, 7)]), 0);
@@ -439,7 +455,7 @@ mod tests {
         s.tablets.get_mut(&1).unwrap().generation = 5;
         s.route_generation = 5;
         feed.note_state(&s);
-        let Since::Changed(ids, c2) = feed.since(5, c1) else {
+        let Since::Changed(ids, c2, _) = feed.since(5, c1) else {
             panic!("whole map")
         };
         assert_eq!(ids, vec![1, 3]);
@@ -448,7 +464,7 @@ mod tests {
         assert_eq!(removed, vec![3]);
         // Nothing new: nothing to send; the same generation again: nothing filed.
         feed.note_state(&s);
-        assert_eq!(feed.since(5, c2), Since::Changed(vec![], c2));
+        assert_eq!(feed.since(5, c2), Since::Changed(vec![], c2, 0));
     }
 
     #[test]
@@ -469,7 +485,7 @@ mod tests {
         let Since::Whole(last) = feed.since(2, c) else {
             unreachable!()
         };
-        assert_eq!(feed.since(2, last), Since::Changed(vec![], last));
+        assert_eq!(feed.since(2, last), Since::Changed(vec![], last, 0));
     }
 
     #[test]

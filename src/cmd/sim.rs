@@ -15,6 +15,9 @@
 //!   that voter's node (a real election takes one or two timeouts), and
 //!   only while most of its voters live: a group without a majority
 //!   neither elects nor changes its voters, as a Raft group cannot
+//! --watchers W: W clients watch the route map (`WatchRoutes`); the
+//!   report gives how long a pushed change took from the leader filing it
+//!   to a watcher receiving it
 //! --kill K: once every tablet is led, K nodes holding replicas (the
 //!   highest ids of those) stop heartbeating; the report says when the
 //!   first replacement was assigned and when every group they were in
@@ -67,6 +70,11 @@ pub struct NodesArgs {
     kill: u64,
     #[arg(long, default_value_t = 30)]
     kill_after_s: u64,
+    /// Clients watching the route map (`WatchRoutes`), each on its own
+    /// stream: the report says how long after the leader filed a change
+    /// it reached them.
+    #[arg(long, default_value_t = 1)]
+    watchers: u64,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -101,6 +109,10 @@ struct Tally {
     answer_bytes: u64,
     /// When the first replacement replica was assigned after the kill.
     first_replacement: Option<Instant>,
+    /// Pushed route messages: from the leader filing the earliest change
+    /// a message carries to a watcher receiving it.
+    route_latencies_us: Vec<u64>,
+    route_changes: u64,
 }
 
 /// The nodes killed and when, with the tablets they held then and each
@@ -395,6 +407,41 @@ async fn run_node(
     }
 }
 
+/// One route watcher until `stop`: reopens its stream whenever it ends.
+async fn run_watcher(sim: Arc<Mutex<Sim>>, admin: Arc<Admin>, stop: Instant) {
+    let mut generation = 0;
+    while Instant::now() < stop {
+        let opened = admin
+            .call(|mut c| async move {
+                c.watch_routes(pb::WatchRoutesRequest {
+                    since_generation: generation,
+                })
+                .await
+            })
+            .await;
+        let Ok(mut stream) = opened else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        loop {
+            let left = stop.saturating_duration_since(Instant::now());
+            let Ok(Ok(Some(msg))) = tokio::time::timeout(left, stream.message()).await else {
+                break;
+            };
+            generation = generation.max(msg.generation);
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as u64);
+            let mut s = sim.lock().expect("lock poisoned");
+            s.tally.route_changes += (msg.tablets.len() + msg.removed.len()) as u64;
+            if msg.filed_at_unix_us > 0 {
+                let took = now.saturating_sub(msg.filed_at_unix_us);
+                s.tally.route_latencies_us.push(took);
+            }
+        }
+    }
+}
+
 fn percentile(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
@@ -435,6 +482,7 @@ pub async fn run(cmd: SimCommand) -> anyhow::Result<()> {
     let tasks: Vec<_> = ids
         .iter()
         .map(|&id| tokio::spawn(run_node(sim.clone(), admin.clone(), id, every, stop)))
+        .chain((0..a.watchers).map(|_| tokio::spawn(run_watcher(sim.clone(), admin.clone(), stop))))
         .collect();
     let mut led_at = None;
     let mut repaired_at = None;
@@ -505,6 +553,8 @@ pub async fn run(cmd: SimCommand) -> anyhow::Result<()> {
     let mut lat = std::mem::take(&mut s.tally.latencies_us);
     lat.sort_unstable();
     let beats = lat.len().max(1) as u64;
+    let mut routes = std::mem::take(&mut s.tally.route_latencies_us);
+    routes.sort_unstable();
     let killed_at = s.killed.as_ref().map(|k| k.at);
     let since_kill = |t: Option<Instant>| {
         t.zip(killed_at)
@@ -535,6 +585,12 @@ pub async fn run(cmd: SimCommand) -> anyhow::Result<()> {
         "repaired_s": since_kill(repaired_at),
         "unrepaired": unrepaired.len(),
         "unrepaired_first": unrepaired.iter().take(5).map(|t| s.describe(*t)).collect::<Vec<_>>(),
+        "route_watchers": a.watchers,
+        "route_messages": routes.len(),
+        "route_changes": s.tally.route_changes,
+        "route_delta_ms_p50": percentile(&routes, 0.50) as f64 / 1000.0,
+        "route_delta_ms_p99": percentile(&routes, 0.99) as f64 / 1000.0,
+        "route_delta_ms_max": routes.last().copied().unwrap_or(0) as f64 / 1000.0,
     });
     if a.json {
         println!("{report}");

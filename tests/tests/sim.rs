@@ -108,6 +108,10 @@ fn simulated_nodes_take_tablets_and_a_lost_one_is_repaired() {
         r["answers_delta"].as_u64().unwrap() > r["answers_full"].as_u64().unwrap(),
         "{r}"
     );
+    // The watcher saw the placement, the elections and the repair
+    // pushed: at least every tablet once, and changes after the first.
+    assert!(r["route_changes"].as_u64().unwrap() >= 24, "{r}");
+    assert!(r["route_messages"].as_u64().unwrap() > 0, "{r}");
     let beats = r["heartbeats"].as_u64().unwrap();
     assert!(beats > 8 * 20, "{r}");
     assert!(r["heartbeats_failed"].as_u64().unwrap() * 10 < beats, "{r}");
