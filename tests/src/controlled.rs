@@ -301,6 +301,17 @@ impl ControlledCell {
         }
     }
 
+    /// `stele tablet move ID --from F --to T --wait`, retried while the
+    /// tablet is busy; the finished intent.
+    pub fn move_tablet(&self, id: u64, from: u64, to: u64) -> serde_json::Value {
+        let (id, from, to) = (id.to_string(), from.to_string(), to.to_string());
+        let i = self.json_retrying_busy(&[
+            "tablet", "move", &id, "--from", &from, "--to", &to, "--wait",
+        ]);
+        assert_eq!(i["state"], "done", "{i}");
+        i
+    }
+
     /// Runs an operator command with `--controllers ... --json`.
     pub fn cli(&self, args: &[&str]) -> (bool, String, String) {
         let ctl = self.controllers_arg();

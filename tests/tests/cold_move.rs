@@ -95,16 +95,7 @@ async fn a_moved_replica_reads_sealed_segments_from_the_bucket() {
     let from = *voters.iter().find(|n| **n != leader).unwrap();
     let before = status(&cell.node_endpoint(target as usize)).await;
     let moved_at = Instant::now();
-    cell.json_retrying_busy(&[
-        "tablet",
-        "move",
-        &id,
-        "--from",
-        &from.to_string(),
-        "--to",
-        &target.to_string(),
-        "--wait",
-    ]);
+    cell.move_tablet(id.parse().unwrap(), from, target);
     let t_ep = cell.node_endpoint(target as usize);
     let after = loop {
         let s = status(&t_ep).await;

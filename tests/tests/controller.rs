@@ -230,17 +230,7 @@ async fn operator_commands_under_load_and_bad_input_refused() {
         .expect("a same-zone target");
     eprintln!("moving tablet {id} from node {from} (leader {leader}) to node {to}");
     let acked_before = writer.acked_count();
-    let i: serde_json::Value = cell.json_retrying_busy(&[
-        "tablet",
-        "move",
-        &id,
-        "--from",
-        &from.to_string(),
-        "--to",
-        &to.to_string(),
-        "--wait",
-    ]);
-    assert_eq!(i["state"], "done", "{i}");
+    cell.move_tablet(id.parse().unwrap(), from, to);
     let moved: serde_json::Value = cell.json(&["tablet", "show", &id]);
     assert!(moved["generation"].as_u64() > t["generation"].as_u64());
     assert!(voter_nodes(&moved).contains(&to));

@@ -49,23 +49,12 @@ fn move_leader_away(cell: &ControlledCell, n: usize) {
         })
         .nth(n)
         .expect("a tablet of the namespace");
-    let id = t["id"].as_u64().unwrap().to_string();
     let from = t["leader_node"].as_u64().unwrap();
     let voters = voter_nodes(&t);
     let to = (1..=cell.nodes as u64)
         .find(|x| !voters.contains(x))
         .unwrap();
-    let i = cell.json_retrying_busy(&[
-        "tablet",
-        "move",
-        &id,
-        "--from",
-        &from.to_string(),
-        "--to",
-        &to.to_string(),
-        "--wait",
-    ]);
-    assert_eq!(i["state"], "done", "{i}");
+    cell.move_tablet(t["id"].as_u64().unwrap(), from, to);
 }
 
 /// A key of the namespace in each tablet's range, for every tablet that
