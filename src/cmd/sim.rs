@@ -110,8 +110,9 @@ struct Tally {
     /// When the first replacement replica was assigned after the kill.
     first_replacement: Option<Instant>,
     /// Pushed route messages: from the leader filing the earliest change
-    /// a message carries to a watcher receiving it.
-    route_latencies_us: Vec<u64>,
+    /// a message carries to a watcher receiving it; before the kill, from
+    /// the kill until every repairable tablet is on live voters, after.
+    route_latencies_us: [Vec<u64>; 3],
     route_changes: u64,
 }
 
@@ -131,6 +132,7 @@ struct Sim {
     tally: Tally,
     zones: u64,
     killed: Option<Killed>,
+    repaired: bool,
 }
 
 /// The node that hosts replica `r` (the controller's numbering).
@@ -436,7 +438,12 @@ async fn run_watcher(sim: Arc<Mutex<Sim>>, admin: Arc<Admin>, stop: Instant) {
             s.tally.route_changes += (msg.tablets.len() + msg.removed.len()) as u64;
             if msg.filed_at_unix_us > 0 {
                 let took = now.saturating_sub(msg.filed_at_unix_us);
-                s.tally.route_latencies_us.push(took);
+                let phase = match (&s.killed, s.repaired) {
+                    (None, _) => 0,
+                    (Some(_), false) => 1,
+                    (Some(_), true) => 2,
+                };
+                s.tally.route_latencies_us[phase].push(took);
             }
         }
     }
@@ -475,6 +482,7 @@ pub async fn run(cmd: SimCommand) -> anyhow::Result<()> {
         tally: Tally::default(),
         zones: a.zones,
         killed: None,
+        repaired: false,
     }));
     let started = Instant::now();
     let stop = started + Duration::from_secs(a.seconds);
@@ -482,7 +490,21 @@ pub async fn run(cmd: SimCommand) -> anyhow::Result<()> {
     let tasks: Vec<_> = ids
         .iter()
         .map(|&id| tokio::spawn(run_node(sim.clone(), admin.clone(), id, every, stop)))
-        .chain((0..a.watchers).map(|_| tokio::spawn(run_watcher(sim.clone(), admin.clone(), stop))))
+        .collect();
+    // Each watcher on a thread and runtime of its own, as a real client is:
+    // not queued behind the simulated nodes' tasks.
+    let watchers: Vec<_> = (0..a.watchers)
+        .map(|_| {
+            let (sim, endpoints) = (sim.clone(), a.controllers.clone());
+            std::thread::spawn(move || -> anyhow::Result<()> {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                let admin = Arc::new(controllers(&endpoints)?);
+                rt.block_on(run_watcher(sim, admin, stop));
+                Ok(())
+            })
+        })
         .collect();
     let mut led_at = None;
     let mut repaired_at = None;
@@ -543,18 +565,33 @@ pub async fn run(cmd: SimCommand) -> anyhow::Result<()> {
         }
         if repaired_at.is_none() && s.killed.is_some() && s.unrepaired().is_empty() {
             repaired_at = Some(Instant::now());
+            s.repaired = true;
             eprintln!("sim: every group of the killed nodes is on live voters");
         }
     }
     for t in tasks {
         t.await?;
     }
+    for w in watchers {
+        w.join()
+            .map_err(|_| anyhow::anyhow!("a route watcher panicked"))??;
+    }
     let mut s = sim.lock().expect("lock poisoned");
     let mut lat = std::mem::take(&mut s.tally.latencies_us);
     lat.sort_unstable();
     let beats = lat.len().max(1) as u64;
     let mut routes = std::mem::take(&mut s.tally.route_latencies_us);
-    routes.sort_unstable();
+    for r in &mut routes {
+        r.sort_unstable();
+    }
+    let route_ms = |r: &[u64]| {
+        serde_json::json!({
+            "messages": r.len(),
+            "p50": percentile(r, 0.50) as f64 / 1000.0,
+            "p99": percentile(r, 0.99) as f64 / 1000.0,
+            "max": r.last().copied().unwrap_or(0) as f64 / 1000.0,
+        })
+    };
     let killed_at = s.killed.as_ref().map(|k| k.at);
     let since_kill = |t: Option<Instant>| {
         t.zip(killed_at)
@@ -586,11 +623,11 @@ pub async fn run(cmd: SimCommand) -> anyhow::Result<()> {
         "unrepaired": unrepaired.len(),
         "unrepaired_first": unrepaired.iter().take(5).map(|t| s.describe(*t)).collect::<Vec<_>>(),
         "route_watchers": a.watchers,
-        "route_messages": routes.len(),
+        "route_messages": routes.iter().map(Vec::len).sum::<usize>(),
         "route_changes": s.tally.route_changes,
-        "route_delta_ms_p50": percentile(&routes, 0.50) as f64 / 1000.0,
-        "route_delta_ms_p99": percentile(&routes, 0.99) as f64 / 1000.0,
-        "route_delta_ms_max": routes.last().copied().unwrap_or(0) as f64 / 1000.0,
+        "route_delta_ms_before_kill": route_ms(&routes[0]),
+        "route_delta_ms_repair": route_ms(&routes[1]),
+        "route_delta_ms_after_repair": route_ms(&routes[2]),
     });
     if a.json {
         println!("{report}");
