@@ -19,7 +19,7 @@
 //! new leader, from its route generation). Leaders are kept across terms:
 //! a tablet's Raft term only grows, so an older report never wins.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -46,8 +46,12 @@ struct FeedLog {
     term: u64,
     /// The route generation whose changes are filed.
     generation: u64,
-    /// The placed tablets as of `generation`.
-    known: HashSet<u64>,
+    /// The placed tablets' routes as of `generation`: watches describe
+    /// tablets from these, never waiting for the state's lock (which the
+    /// apply and every heartbeat answer take at full size).
+    routes: HashMap<u64, FeedRoute>,
+    /// Each node's client endpoint, as of the last state seen.
+    endpoints: HashMap<u64, String>,
     seq: u64,
     /// A cursor below this was dropped from `changes`: the whole map.
     floor: u64,
@@ -56,6 +60,27 @@ struct FeedLog {
     changes: VecDeque<(u64, u64, u64)>,
     /// Each tablet's leader: (its Raft term, node).
     leaders: HashMap<u64, (u64, u64)>,
+}
+
+/// A placed tablet's route as the feed holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FeedRoute {
+    lo: u32,
+    hi: u64,
+    generation: u64,
+    /// The voters' nodes: a leader elsewhere (moved away) is no hint.
+    voters: Vec<u64>,
+}
+
+impl FeedRoute {
+    fn of(t: &TabletRec) -> FeedRoute {
+        FeedRoute {
+            lo: t.lo,
+            hi: t.hi,
+            generation: t.generation,
+            voters: t.voters.iter().map(|v| v.node).collect(),
+        }
+    }
 }
 
 /// What a watch at a cursor is to send.
@@ -103,12 +128,13 @@ impl RouteFeed {
         }
         log.term = term;
         log.generation = s.route_generation;
-        log.known = s
+        log.routes = s
             .tablets
             .values()
             .filter(|t| placed(t))
-            .map(|t| t.id)
+            .map(|t| (t.id, FeedRoute::of(t)))
             .collect();
+        log.note_endpoints(s);
         log.changes.clear();
         log.seq += 1;
         log.floor = log.seq;
@@ -124,7 +150,11 @@ impl RouteFeed {
     /// last: placed, moved, split, merged away.
     pub fn note_state(&self, s: &CellState) {
         let mut log = self.log();
-        if log.term == 0 || s.route_generation <= log.generation {
+        if log.term == 0 {
+            return;
+        }
+        log.note_endpoints(s);
+        if s.route_generation <= log.generation {
             return;
         }
         let since = log.generation;
@@ -136,23 +166,23 @@ impl RouteFeed {
             if t.generation > since {
                 changed.push(t.id);
                 if placed(t) {
-                    log.known.insert(t.id);
+                    log.routes.insert(t.id, FeedRoute::of(t));
                 } else {
-                    log.known.remove(&t.id);
+                    log.routes.remove(&t.id);
                 }
             }
         }
-        if log.known.len() > placed_now {
+        if log.routes.len() > placed_now {
             // Some tablet left the map without a generation of its own (a
             // merge's absorbed tablet): find it.
             let gone: Vec<u64> = log
-                .known
-                .iter()
+                .routes
+                .keys()
                 .filter(|id| !s.tablets.get(id).is_some_and(placed))
                 .copied()
                 .collect();
             for id in gone {
-                log.known.remove(&id);
+                log.routes.remove(&id);
                 changed.push(id);
             }
         }
@@ -201,7 +231,79 @@ impl RouteFeed {
 
     /// What a watch of term `term` at `cursor` is to send.
     pub fn since(&self, term: u64, cursor: u64) -> Since {
+        self.log().since(term, cursor)
+    }
+
+    /// Descriptors of `tablets` with the leaders held, and the tablets
+    /// that are no longer in the map; the route generation they are of.
+    pub fn describe(
+        &self,
+        tablets: impl Iterator<Item = u64>,
+    ) -> (Vec<pb::TabletDescriptor>, Vec<u64>, u64) {
         let log = self.log();
+        let (found, removed) = log.describe(tablets);
+        (found, removed, log.generation)
+    }
+
+    /// The whole map, or its tablets changed after generation `since` (all
+    /// when 0 or ahead of the feed), with the leaders held.
+    pub fn map(&self, since: u64) -> pb::GetRoutesResponse {
+        self.map_of(&self.log(), since)
+    }
+
+    fn map_of(&self, log: &FeedLog, since: u64) -> pb::GetRoutesResponse {
+        let full = since == 0 || since > log.generation;
+        let mut tablets: Vec<pb::TabletDescriptor> = log
+            .routes
+            .iter()
+            .filter(|(_, r)| full || r.generation > since)
+            .map(|(id, r)| log.descriptor(*id, r))
+            .collect();
+        tablets.sort_unstable_by_key(|d| d.vshard_lo);
+        pb::GetRoutesResponse {
+            generation: log.generation,
+            tablets,
+            removed: Vec::new(),
+            full,
+            filed_at_unix_us: 0,
+        }
+    }
+
+    /// What a watch of term `term` at `cursor` sends next, with its new
+    /// cursor (`None`: nothing changed). One view of the log: the
+    /// message's generation covers exactly the changes it carries.
+    pub fn next(&self, term: u64, cursor: u64) -> Option<(u64, pb::GetRoutesResponse)> {
+        let log = self.log();
+        match log.since(term, cursor) {
+            Since::Changed(ids, ..) if ids.is_empty() => None,
+            Since::Changed(ids, at, filed) => {
+                let (tablets, removed) = log.describe(ids.into_iter());
+                Some((
+                    at,
+                    pb::GetRoutesResponse {
+                        generation: log.generation,
+                        tablets,
+                        removed,
+                        full: false,
+                        filed_at_unix_us: filed,
+                    },
+                ))
+            }
+            Since::Whole(at) => Some((at, self.map_of(&log, 0))),
+        }
+    }
+
+    /// A new watch of term `term` from generation `since`: its cursor and
+    /// first message, read together; `None` if the log is not that term's.
+    pub fn open(&self, term: u64, since: u64) -> Option<(u64, pb::GetRoutesResponse)> {
+        let log = self.log();
+        (log.term == term).then(|| (log.seq, self.map_of(&log, since)))
+    }
+}
+
+impl FeedLog {
+    fn since(&self, term: u64, cursor: u64) -> Since {
+        let log = self;
         if log.term != term || cursor < log.floor {
             return Since::Whole(log.seq);
         }
@@ -213,46 +315,58 @@ impl RouteFeed {
         Since::Changed(ids, log.seq, earliest)
     }
 
-    /// Descriptors of `tablets` in `s` with the leaders held, and the
-    /// tablets that are no longer in the map.
-    pub fn describe(
+    fn describe(
         &self,
-        s: &CellState,
         tablets: impl Iterator<Item = u64>,
     ) -> (Vec<pb::TabletDescriptor>, Vec<u64>) {
-        let log = self.log();
         let (mut found, mut removed) = (Vec::new(), Vec::new());
         for id in tablets {
-            match s.tablets.get(&id).filter(|t| placed(t)) {
-                Some(t) => found.push(descriptor(s, t, &log.leaders)),
+            match self.routes.get(&id) {
+                Some(r) => found.push(self.descriptor(id, r)),
                 None => removed.push(id),
             }
         }
         (found, removed)
     }
 
-    /// The whole map of `s`, or its tablets changed after generation
-    /// `since` (all when 0 or ahead of `s`), with the leaders held.
-    pub fn map(&self, s: &CellState, since: u64) -> pb::GetRoutesResponse {
-        let full = since == 0 || since > s.route_generation;
-        let log = self.log();
-        let tablets = s
-            .tablets
-            .values()
-            .filter(|t| placed(t) && (full || t.generation > since))
-            .map(|t| descriptor(s, t, &log.leaders))
-            .collect();
-        pb::GetRoutesResponse {
-            generation: s.route_generation,
-            tablets,
-            removed: Vec::new(),
-            full,
-            filed_at_unix_us: 0,
+    /// Takes the nodes' client endpoints of `s` if any changed.
+    fn note_endpoints(&mut self, s: &CellState) {
+        let same = self.endpoints.len() == s.nodes.len()
+            && s.nodes
+                .values()
+                .all(|n| self.endpoints.get(&n.id) == Some(&n.client_endpoint));
+        if !same {
+            self.endpoints = s
+                .nodes
+                .values()
+                .map(|n| (n.id, n.client_endpoint.clone()))
+                .collect();
         }
     }
-}
 
-impl FeedLog {
+    fn descriptor(&self, id: u64, r: &FeedRoute) -> pb::TabletDescriptor {
+        // A leader that is no longer a voter (moved away) is no hint.
+        let leader_node = self
+            .leaders
+            .get(&id)
+            .map(|l| l.1)
+            .filter(|n| r.voters.contains(n))
+            .unwrap_or(0);
+        pb::TabletDescriptor {
+            id,
+            vshard_lo: r.lo,
+            vshard_hi: r.hi,
+            generation: r.generation,
+            leader_node,
+            leader_endpoint: self
+                .endpoints
+                .get(&leader_node)
+                .cloned()
+                .unwrap_or_default(),
+            ..Default::default()
+        }
+    }
+
     fn leader(&mut self, tablet: u64, term: u64, node: u64) -> bool {
         match self.leaders.get(&tablet) {
             Some(&(t, n)) if t > term || (t == term && n == node) => false,
@@ -286,20 +400,6 @@ fn placed(t: &TabletRec) -> bool {
     !t.voters.is_empty()
 }
 
-fn descriptor(
-    s: &CellState,
-    t: &TabletRec,
-    leaders: &HashMap<u64, (u64, u64)>,
-) -> pb::TabletDescriptor {
-    // A leader that is no longer a voter (moved away) is no hint.
-    let leader = leaders
-        .get(&t.id)
-        .map(|l| l.1)
-        .filter(|n| t.voters.iter().any(|v| v.node == *n))
-        .unwrap_or(0);
-    Controller::descriptor_at(s, t, leader)
-}
-
 /// The stream of one `WatchRoutes` call.
 pub type Watch = tokio_stream::wrappers::ReceiverStream<Result<pb::GetRoutesResponse, Status>>;
 
@@ -317,12 +417,9 @@ pub(crate) fn watch(c: Arc<Controller>, since: u64) -> Result<Watch, Status> {
     let term = c.quorum.leading_term().ok_or_else(|| c.not_leader())?;
     // The log of this term exists once the feed task saw the lead; until
     // then (a moment after an election) the caller retries.
-    let mut cursor = c
-        .routes
-        .cursor(term)
+    let (mut cursor, first) = Controller::blocking(|| c.routes.open(term, since))
         .ok_or_else(|| Status::unavailable("the route feed of this leader is starting"))?;
     let mut changed = c.routes.subscribe();
-    let first = Controller::blocking(|| c.routes.map(&c.quorum.state(), since));
     let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
     tokio::spawn(async move {
         crate::metrics::route_watchers(1.0);
@@ -348,24 +445,9 @@ pub(crate) fn watch(c: Arc<Controller>, since: u64) -> Result<Watch, Status> {
                     let _ = tx.send(Err(c.not_leader())).await;
                     break None;
                 }
-                let s = c.quorum.state();
-                match c.routes.since(term, cursor) {
-                    Since::Changed(ids, ..) if ids.is_empty() => continue,
-                    Since::Changed(ids, at, filed) => {
-                        cursor = at;
-                        let (tablets, removed) = c.routes.describe(&s, ids.into_iter());
-                        break Some(pb::GetRoutesResponse {
-                            generation: s.route_generation,
-                            tablets,
-                            removed,
-                            full: false,
-                            filed_at_unix_us: filed,
-                        });
-                    }
-                    Since::Whole(at) => {
-                        cursor = at;
-                        break Some(c.routes.map(&s, 0));
-                    }
+                if let Some((at, msg)) = c.routes.next(term, cursor) {
+                    cursor = at;
+                    break Some(msg);
                 }
             };
         }
@@ -459,7 +541,8 @@ mod tests {
             panic!("whole map")
         };
         assert_eq!(ids, vec![1, 3]);
-        let (found, removed) = feed.describe(&s, ids.into_iter());
+        let (found, removed, generation) = feed.describe(ids.into_iter());
+        assert_eq!(generation, 5);
         assert_eq!(found.iter().map(|d| d.id).collect::<Vec<_>>(), vec![1]);
         assert_eq!(removed, vec![3]);
         // Nothing new: nothing to send; the same generation again: nothing filed.
@@ -486,6 +569,56 @@ mod tests {
             unreachable!()
         };
         assert_eq!(feed.since(2, last), Since::Changed(vec![], last, 0));
+    }
+
+    #[test]
+    fn a_watch_opens_with_the_map_then_gets_each_change_with_its_leader() {
+        let feed = RouteFeed::default();
+        let mut s = state(&[(1, 1), (2, 2)]);
+        s.nodes.insert(1, crate::state::test_node(1));
+        s.nodes.insert(2, crate::state::test_node(2));
+        assert!(feed.open(3, 0).is_none(), "no log of term 3 yet");
+        feed.start_term(3, &s, &HashMap::new());
+        let (cursor, first) = feed.open(3, 0).unwrap();
+        assert!(first.full);
+        assert_eq!(first.generation, 2);
+        let mut ids: Vec<u64> = first.tablets.iter().map(|d| d.id).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, vec![1, 2]);
+        assert!(feed.next(3, cursor).is_none(), "nothing changed");
+        // From a generation: only what changed after it.
+        let (_, delta) = feed.open(3, 1).unwrap();
+        assert!(!delta.full);
+        assert_eq!(
+            delta.tablets.iter().map(|d| d.id).collect::<Vec<_>>(),
+            vec![2]
+        );
+        // A leader on a voter's node: pushed with its endpoint. A leader
+        // elsewhere (a replica that moved away): no hint.
+        feed.note_leaders(1, [(1, 4)]);
+        feed.note_leaders(2, [(2, 4)]);
+        let (cursor, msg) = feed.next(3, cursor).unwrap();
+        assert_eq!(msg.generation, 2);
+        assert!(msg.filed_at_unix_us > 0);
+        let by_id: HashMap<u64, &pb::TabletDescriptor> =
+            msg.tablets.iter().map(|d| (d.id, d)).collect();
+        assert_eq!(by_id[&1].leader_node, 1);
+        assert_eq!(by_id[&1].leader_endpoint, "http://n1");
+        assert_eq!(by_id[&2].leader_node, 0);
+        assert_eq!(by_id[&2].leader_endpoint, "");
+        // A move of 2 onto node 2: its leader becomes a hint; a node's new
+        // endpoint is taken without a route generation.
+        s.tablets.get_mut(&2).unwrap().voters[0].node = 2;
+        s.tablets.get_mut(&2).unwrap().generation = 3;
+        s.route_generation = 3;
+        s.nodes.get_mut(&2).unwrap().client_endpoint = "http://n2b".into();
+        feed.note_state(&s);
+        let (_, msg) = feed.next(3, cursor).unwrap();
+        assert_eq!((msg.generation, msg.tablets.len()), (3, 1));
+        assert_eq!(msg.tablets[0].leader_endpoint, "http://n2b");
+        // Another term's watch: the whole map.
+        let (_, whole) = feed.next(2, cursor).unwrap();
+        assert!(whole.full && whole.tablets.len() == 2);
     }
 
     #[test]
