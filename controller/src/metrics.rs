@@ -92,6 +92,9 @@ pub fn observe(c: &Controller) {
     }
     let _ = histogram!("stele_controller_plan_seconds");
     let _ = counter!("stele_controller_heartbeat_resyncs_total");
+    let _ = gauge!("stele_controller_route_watchers");
+    let _ = counter!("stele_controller_route_deltas_total");
+    let _ = counter!("stele_controller_route_delta_routes_total");
     for k in ["delta", "full"] {
         let _ = counter!("stele_controller_heartbeat_answers_total", "kind" => k);
     }
