@@ -230,13 +230,15 @@ impl RouteFeed {
     }
 
     /// What a watch of term `term` at `cursor` is to send.
-    pub fn since(&self, term: u64, cursor: u64) -> Since {
+    #[cfg(test)]
+    fn since(&self, term: u64, cursor: u64) -> Since {
         self.log().since(term, cursor)
     }
 
     /// Descriptors of `tablets` with the leaders held, and the tablets
     /// that are no longer in the map; the route generation they are of.
-    pub fn describe(
+    #[cfg(test)]
+    fn describe(
         &self,
         tablets: impl Iterator<Item = u64>,
     ) -> (Vec<pb::TabletDescriptor>, Vec<u64>, u64) {

@@ -250,15 +250,6 @@ impl Controller {
         leaders: &HashMap<u64, pb::ReplicaReport>,
     ) -> pb::TabletDescriptor {
         let leader_node = leaders.get(&t.id).map_or(0, |r| node_of(r.replica_id));
-        Controller::descriptor_at(s, t, leader_node)
-    }
-
-    /// `t`'s route with `leader_node` (0: unknown) as its leader.
-    pub(crate) fn descriptor_at(
-        s: &CellState,
-        t: &TabletRec,
-        leader_node: u64,
-    ) -> pb::TabletDescriptor {
         pb::TabletDescriptor {
             id: t.id,
             vshard_lo: t.lo,
