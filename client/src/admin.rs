@@ -40,7 +40,9 @@ pub trait FromChannel {
 impl FromChannel for ControllerClient<Channel> {
     const SERVER: stele_tls::Kind = stele_tls::Kind::Controller;
     fn from_channel(ch: Channel) -> Self {
-        ControllerClient::new(ch)
+        // A whole route map of a large cell (100,000 tablets) is about
+        // 5-6 MB, past tonic's default 4 MiB.
+        ControllerClient::new(ch).max_decoding_message_size(ROUTE_MAP_BYTES_MAX)
     }
 }
 
@@ -50,6 +52,9 @@ impl FromChannel for DirectoryClient<Channel> {
         DirectoryClient::new(ch)
     }
 }
+
+/// Largest controller answer a client decodes: a whole route map.
+const ROUTE_MAP_BYTES_MAX: usize = 256 << 20;
 
 /// Calls to the cell controllers.
 pub type Admin = Leader<ControllerClient<Channel>>;
