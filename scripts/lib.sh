@@ -29,6 +29,22 @@ start_moto() {
   echo "== moto on $STELE_TEST_S3_ENDPOINT (pid $MOTO_PID)"
 }
 
+# The HTTP API's property test (tests/tests/gateway.rs): schemathesis from
+# PyPI at a pinned version in target/api-venv (log: target/api-venv.log).
+SCHEMATHESIS_VERSION=4.32.5
+ensure_api_tools() {
+  local venv=target/api-venv
+  mkdir -p target
+  local have
+  have=$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("schemathesis"))' 2>/dev/null || true)
+  if [ "$have" != "$SCHEMATHESIS_VERSION" ]; then
+    echo "== installing schemathesis $SCHEMATHESIS_VERSION into $venv (PyPI)"
+    { python3 -m venv "$venv" && "$venv/bin/pip" install --quiet "schemathesis==$SCHEMATHESIS_VERSION"; } \
+      >target/api-venv.log 2>&1 \
+      || { echo "   (could not install schemathesis; see target/api-venv.log)"; return 1; }
+  fi
+}
+
 # The console's browser test (tests/tests/console.rs driving
 # tests/browser/console.py): Debian's chromium, installed with apt-get when
 # missing and root (log: target/browser-install.log), and a venv

@@ -178,6 +178,15 @@ pub fn catch_up(node: Arc<Node>, timeout: Duration) -> tokio::task::JoinHandle<(
 /// Binds `addr` and serves the probes in the background. A bind failure is
 /// an error at start, naming the flag.
 pub async fn spawn(addr: &HostPort) -> anyhow::Result<std::net::SocketAddr> {
+    spawn_with(addr, axum::Router::new()).await
+}
+
+/// [`spawn`], with `api`'s routes served beside the probes (a gateway's
+/// HTTP API); its fallback answers unknown paths.
+pub async fn spawn_with(
+    addr: &HostPort,
+    api: axum::Router,
+) -> anyhow::Result<std::net::SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr.to_string())
         .await
         .with_context(|| format!("bind --http-listen {addr}"))?;
@@ -205,7 +214,8 @@ pub async fn spawn(addr: &HostPort) -> anyhow::Result<std::net::SocketAddr> {
             "/readyz",
             axum::routing::get(|| async { health().readiness() }),
         )
-        .merge(crate::console::router());
+        .merge(crate::console::router())
+        .merge(api);
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "HTTP status listener stopped");

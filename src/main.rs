@@ -12,6 +12,7 @@ mod cmd;
 mod config;
 mod console;
 mod dev_cell;
+mod gateway;
 mod http;
 mod logging;
 mod metrics;
@@ -101,6 +102,8 @@ enum Command {
     /// Simulations that measure the controllers at full size.
     #[command(subcommand)]
     Sim(cmd::sim::SimCommand),
+    /// Run an HTTP/JSON gateway to a cell: stateless, any number side by side.
+    Gateway(gateway::GatewayArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -178,6 +181,7 @@ fn run() -> anyhow::Result<()> {
             Command::Config(c) => cmd::config::run(c),
             Command::Health(a) => cmd::health::run(a).await,
             Command::Sim(c) => cmd::sim::run(c).await,
+            Command::Gateway(a) => gateway::run(a).await,
             Command::Completions(_) => unreachable!("handled before the runtime starts"),
         }
     });

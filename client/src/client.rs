@@ -75,6 +75,9 @@ pub(crate) type Data =
 #[derive(Clone)]
 pub struct Client {
     pub(crate) inner: Arc<Inner>,
+    /// The token of this handle's data requests, when it is not the
+    /// options' ([`Client::with_token`]).
+    token: Option<stele_tls::token::Bearer>,
 }
 
 pub(crate) struct Inner {
@@ -170,6 +173,7 @@ impl Client {
                 stats: RouteCounters::default(),
                 watch: Mutex::new(None),
             }),
+            token: None,
         };
         client.refresh_routes().await?;
         Ok(client)
@@ -193,6 +197,7 @@ impl Client {
                 stats: RouteCounters::default(),
                 watch: Mutex::new(None),
             }),
+            token: None,
         };
         client.refresh_routes().await?;
         if client.inner.opts.watch_routes {
@@ -200,6 +205,21 @@ impl Client {
             *client.inner.watch.lock().expect("watch lock") = Some(task);
         }
         Ok(client)
+    }
+
+    /// A handle to the same cell (routes, channels, route watch shared)
+    /// whose data requests carry `token` instead of the options' token: a
+    /// gateway passes each producer's own token through.
+    pub fn with_token(&self, token: stele_tls::token::Bearer) -> Client {
+        Client {
+            inner: self.inner.clone(),
+            token: Some(token),
+        }
+    }
+
+    /// Wraps a client's shared state in a handle with the options' token.
+    pub(crate) fn from_inner(inner: Arc<Inner>) -> Client {
+        Client { inner, token: None }
     }
 
     /// How the route cache was kept so far.
@@ -344,8 +364,8 @@ impl Client {
     }
 
     fn data_client(&self, ch: Channel) -> Data {
-        DataClient::with_interceptor(ch, self.inner.opts.token.clone())
-            .max_decoding_message_size(DECODE_BYTES_MAX)
+        let token = self.token.as_ref().unwrap_or(&self.inner.opts.token);
+        DataClient::with_interceptor(ch, token.clone()).max_decoding_message_size(DECODE_BYTES_MAX)
     }
 
     /// Awaits one call within the request timeout.

@@ -62,6 +62,7 @@ pub use read::ScanPage;
 pub use records::{chunk, record, record_bytes, record_vshard, validate};
 pub use retry::RetryPolicy;
 pub use routes::{Route, RouteTable};
+pub use scan::NsCursor;
 pub use stele_proto::pb::{
     Condition, Consistency, Position, ReadOptions, Record, Row, StatusResponse, TabletDescriptor,
 };

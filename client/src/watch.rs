@@ -66,7 +66,7 @@ pub(crate) async fn run(inner: Weak<Inner>) {
 }
 
 fn upgrade(inner: &Weak<Inner>) -> Option<Client> {
-    inner.upgrade().map(|inner| Client { inner })
+    inner.upgrade().map(Client::from_inner)
 }
 
 fn set_watching(inner: &Weak<Inner>, on: bool) {

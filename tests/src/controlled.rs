@@ -312,6 +312,45 @@ impl ControlledCell {
         i
     }
 
+    /// `stele tablet split ID --at AT --wait` of the tablet holding `at`,
+    /// retried while busy.
+    pub fn split_at(&self, at: u32) {
+        let t = self
+            .tablets()
+            .into_iter()
+            .find(|t| {
+                let lo = t["vshard_lo"].as_u64().unwrap();
+                let hi = t["vshard_hi"].as_u64().unwrap();
+                lo < u64::from(at) && u64::from(at) < hi
+            })
+            .expect("a tablet holds the split point");
+        let id = t["id"].as_u64().unwrap().to_string();
+        let i =
+            self.json_retrying_busy(&["tablet", "split", &id, "--at", &at.to_string(), "--wait"]);
+        assert_eq!(i["state"], "done", "{i}");
+    }
+
+    /// Moves the `n`th tablet of `namespace` off its leader's node, to a
+    /// node that holds none of it.
+    pub fn move_leader_away(&self, namespace: &str, n: usize) {
+        let (lo, hi) = stele_proto::vshard::namespace_range(namespace);
+        let t = self
+            .tablets()
+            .into_iter()
+            .filter(|t| {
+                t["vshard_lo"].as_u64().unwrap() < hi
+                    && t["vshard_hi"].as_u64().unwrap() > u64::from(lo)
+            })
+            .nth(n)
+            .expect("a tablet of the namespace");
+        let from = t["leader_node"].as_u64().unwrap();
+        let voters = voter_nodes(&t);
+        let to = (1..=self.nodes as u64)
+            .find(|x| !voters.contains(x))
+            .expect("a node without the tablet");
+        self.move_tablet(t["id"].as_u64().unwrap(), from, to);
+    }
+
     /// Runs an operator command with `--controllers ... --json`.
     pub fn cli(&self, args: &[&str]) -> (bool, String, String) {
         let ctl = self.controllers_arg();

@@ -11,6 +11,7 @@ pub mod cell;
 pub mod compose;
 pub mod controlled;
 pub mod directory;
+pub mod gateway;
 pub mod tls;
 
 use std::io::{BufRead, BufReader};

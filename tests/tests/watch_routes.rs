@@ -17,45 +17,9 @@ use std::time::{Duration, Instant};
 use stele_client::{Client, ClientOptions};
 use stele_proto::vshard::{namespace_range, vshard};
 use stele_tests::cell::client_options;
-use stele_tests::controlled::{ControlledCell, Writer, voter_nodes};
+use stele_tests::controlled::{ControlledCell, Writer};
 
 const NS: &str = "watch/ns";
-
-/// `stele tablet split ID --at AT --wait`, retried while busy.
-fn split_at(cell: &ControlledCell, at: u32) {
-    let t = cell
-        .tablets()
-        .into_iter()
-        .find(|t| {
-            let lo = t["vshard_lo"].as_u64().unwrap();
-            let hi = t["vshard_hi"].as_u64().unwrap();
-            lo < u64::from(at) && u64::from(at) < hi
-        })
-        .expect("a tablet holds the split point");
-    let id = t["id"].as_u64().unwrap().to_string();
-    let i = cell.json_retrying_busy(&["tablet", "split", &id, "--at", &at.to_string(), "--wait"]);
-    assert_eq!(i["state"], "done", "{i}");
-}
-
-/// Moves the `n`th tablet of the namespace off its leader's node, to a
-/// node that holds none of it.
-fn move_leader_away(cell: &ControlledCell, n: usize) {
-    let (lo, hi) = namespace_range(NS);
-    let t = cell
-        .tablets()
-        .into_iter()
-        .filter(|t| {
-            t["vshard_lo"].as_u64().unwrap() < hi && t["vshard_hi"].as_u64().unwrap() > lo as u64
-        })
-        .nth(n)
-        .expect("a tablet of the namespace");
-    let from = t["leader_node"].as_u64().unwrap();
-    let voters = voter_nodes(&t);
-    let to = (1..=cell.nodes as u64)
-        .find(|x| !voters.contains(x))
-        .unwrap();
-    cell.move_tablet(t["id"].as_u64().unwrap(), from, to);
-}
 
 /// A key of the namespace in each tablet's range, for every tablet that
 /// holds part of it.
@@ -121,11 +85,11 @@ async fn pushed_routes_send_requests_straight_to_the_leader_after_splits_and_mov
     let (ns_lo, _) = namespace_range(NS);
     // Each change, then a second of writes on the new map.
     for at in [0x8000, 0x4000, 0xc000, 0x2000, 0xe000] {
-        split_at(&cell, ns_lo + at);
+        cell.split_at(ns_lo + at);
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     for n in [1, 4] {
-        move_leader_away(&cell, n);
+        cell.move_leader_away(NS, n);
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     cell.wait_settled(Duration::from_secs(60));
@@ -183,7 +147,7 @@ async fn pushed_routes_send_requests_straight_to_the_leader_after_splits_and_mov
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let generation = idle.routes().routes().map(|r| r.generation).max().unwrap();
-    split_at(&cell, ns_lo + 0x1000);
+    cell.split_at(ns_lo + 0x1000);
     let at = Instant::now();
     loop {
         let now = idle.routes().routes().map(|r| r.generation).max().unwrap();

@@ -1,0 +1,170 @@
+//! Idempotency keys: a producer names a request, and every gateway turns
+//! the same name and records into the same batches with the same batch
+//! ids, so the cell's receipts apply a retried request once whichever
+//! gateway (or how many crashed ones) it went through.
+//!
+//! ```text
+//! records ─▶ grouped by vshard (input order kept) ─▶ runs within the batch limits
+//!         ─▶ batch id = SHA-256("stele-idempotency-v1", namespace, key, vshard, run)[..16]
+//! ```
+//!
+//! A vshard belongs to exactly one tablet whatever splits, merges and
+//! moves happen between two tries, so a group never straddles tablets and
+//! its batch id never depends on the routes the gateway held.
+
+use std::collections::BTreeMap;
+
+use axum::http::HeaderValue;
+use stele_client::{Client, Position, Record, chunk, record_vshard};
+
+use super::json::ApiError;
+
+/// Longest idempotency key.
+pub const KEY_BYTES_MAX: usize = 128;
+
+/// The key of an `Idempotency-Key` header: 1 to 128 printable ASCII bytes.
+pub fn key_of(v: &HeaderValue) -> Result<String, ApiError> {
+    let bytes = v.as_bytes();
+    if bytes.is_empty()
+        || bytes.len() > KEY_BYTES_MAX
+        || !bytes.iter().all(|b| (0x21..=0x7e).contains(b))
+    {
+        return Err(ApiError::invalid(
+            "Idempotency-Key",
+            "1 to 128 printable ASCII characters, no spaces",
+        ));
+    }
+    Ok(String::from_utf8_lossy(bytes).into_owned())
+}
+
+/// The batches of an idempotent append: record indices and batch id.
+pub fn batches(
+    namespace: &str,
+    key: &str,
+    records: &[Record],
+    records_max: usize,
+    bytes_max: usize,
+) -> Vec<(Vec<usize>, [u8; 16])> {
+    let mut groups: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+    for (i, r) in records.iter().enumerate() {
+        groups
+            .entry(record_vshard(namespace, r))
+            .or_default()
+            .push(i);
+    }
+    let mut out = Vec::new();
+    for (vshard, idxs) in groups {
+        for (run, idxs) in chunk(records, idxs, records_max, bytes_max)
+            .into_iter()
+            .enumerate()
+        {
+            out.push((idxs, batch_id(namespace, key, vshard, run as u32)));
+        }
+    }
+    out
+}
+
+fn batch_id(namespace: &str, key: &str, vshard: u32, run: u32) -> [u8; 16] {
+    let mut ctx = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
+    ctx.update(b"stele-idempotency-v1\0");
+    for part in [namespace.as_bytes(), key.as_bytes()] {
+        ctx.update(&(part.len() as u32).to_be_bytes());
+        ctx.update(part);
+    }
+    ctx.update(&vshard.to_be_bytes());
+    ctx.update(&run.to_be_bytes());
+    let digest = ctx.finish();
+    let mut id = [0u8; 16];
+    id.copy_from_slice(&digest.as_ref()[..16]);
+    id
+}
+
+/// Appends under the key's batch ids, the groups concurrently. Returns
+/// positions in input order and whether every group had been applied
+/// before.
+pub async fn append(
+    client: &Client,
+    namespace: &str,
+    key: &str,
+    records: Vec<Record>,
+) -> stele_client::Result<(Vec<Position>, bool)> {
+    let opts = client.options();
+    let plan = batches(
+        namespace,
+        key,
+        &records,
+        opts.batch_records_max,
+        opts.batch_bytes_max,
+    );
+    let sends = plan.iter().map(|(idxs, id)| {
+        let group: Vec<Record> = idxs.iter().map(|&i| records[i].clone()).collect();
+        client.append_batch(namespace, group, None, Some(*id))
+    });
+    let outcomes = futures::future::try_join_all(sends).await?;
+    let mut positions = vec![Position::default(); records.len()];
+    let mut duplicate = true;
+    for ((idxs, _), outcome) in plan.iter().zip(outcomes) {
+        duplicate &= outcome.duplicate;
+        if outcome.positions.len() != idxs.len() {
+            return Err(stele_client::Error::Protocol(
+                "a batch got a position count unlike its records".into(),
+            ));
+        }
+        for (&i, p) in idxs.iter().zip(outcome.positions) {
+            positions[i] = p;
+        }
+    }
+    Ok((positions, duplicate))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stele_client::record;
+
+    #[test]
+    fn same_key_same_batches_whatever_the_gateway() {
+        let recs: Vec<Record> = (0..50)
+            .map(|i| record(format!("k{}", i % 7), i, "v"))
+            .collect();
+        let a = batches("a/b", "req-1", &recs, 10_000, 1 << 20);
+        assert_eq!(
+            a,
+            batches("a/b", "req-1", &recs, 10_000, 1 << 20),
+            "deterministic"
+        );
+        assert_eq!(a.len(), 7, "one batch per vshard: {a:?}");
+        let covered: usize = a.iter().map(|(i, _)| i.len()).sum();
+        assert_eq!(covered, 50);
+        let ids = |b: &[(Vec<usize>, [u8; 16])]| b.iter().map(|x| x.1).collect::<Vec<_>>();
+        let other_key = batches("a/b", "req-2", &recs, 10_000, 1 << 20);
+        let other_ns = batches("a/c", "req-1", &recs, 10_000, 1 << 20);
+        for other in [&other_key, &other_ns] {
+            assert!(ids(&a).iter().all(|id| !ids(other).contains(id)));
+        }
+        // Runs within a vshard get ids of their own.
+        let small = batches("a/b", "req-1", &recs, 3, 1 << 20);
+        let mut seen = ids(&small);
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), small.len());
+        assert!(small.iter().all(|(i, _)| i.len() <= 3));
+    }
+
+    #[test]
+    fn header_values() {
+        for ok in [
+            "a",
+            "550e8400-e29b-41d4-a716-446655440000",
+            &"x".repeat(128),
+        ] {
+            assert!(key_of(&HeaderValue::from_str(ok).unwrap()).is_ok(), "{ok}");
+        }
+        for bad in ["", "a b", &"x".repeat(129)] {
+            assert!(
+                key_of(&HeaderValue::from_str(bad).unwrap()).is_err(),
+                "{bad:?}"
+            );
+        }
+    }
+}

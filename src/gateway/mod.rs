@@ -1,0 +1,233 @@
+//! `stele gateway`: a stateless HTTP/JSON front for producers in any
+//! language (docs/OPERATIONS.md "Gateways and the HTTP API").
+//!
+//! ```text
+//! producer ─HTTP─▶ gateway: admit (memory budget, 429) ─▶ parse, validate (4xx)
+//!                      ├─ Idempotency-Key ─▶ batches by vshard, ids from the key (idempotency)
+//!                      ├─ one record, no token ─▶ Batcher (coalesced per tablet)
+//!                      └─ else ─▶ Client::append with the producer's token
+//!                  ─gRPC─▶ tablet leaders, by the route map the controllers push
+//! ```
+//!
+//! It holds nothing but the route map and requests in flight: any number
+//! may run side by side, and a killed one loses nothing acknowledged.
+
+pub mod api;
+pub mod idempotency;
+pub mod json;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::http::StatusCode;
+use stele_client::{Batcher, BatcherOptions, Client, ClientOptions};
+use stele_proto::addr::HostPort;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use json::ApiError;
+
+#[derive(clap::Args)]
+pub struct GatewayArgs {
+    /// The cell's controllers (gRPC endpoints, comma-separated).
+    #[arg(
+        long,
+        env = "STELE_CONTROLLERS",
+        value_delimiter = ',',
+        required = true
+    )]
+    controllers: Vec<String>,
+    /// Where producers reach the HTTP API (also `/openapi.json`,
+    /// `/metrics`, `/healthz`, `/readyz`). Plaintext: off loopback only
+    /// with --insecure-plaintext.
+    #[arg(long, default_value = "127.0.0.1:7460")]
+    http_listen: HostPort,
+    /// Serve plaintext HTTP on a non-loopback address.
+    #[arg(long)]
+    insecure_plaintext: bool,
+    /// Bytes of request bodies held at once; a request past it is refused
+    /// with 429 and Retry-After.
+    #[arg(long, default_value_t = 256 << 20)]
+    memory_budget_bytes: usize,
+    /// Largest request body.
+    #[arg(long, default_value_t = 10 << 20)]
+    body_bytes_max: usize,
+    /// How long a single-record append waits for others to the same
+    /// tablet before its batch is sent.
+    #[arg(long, default_value = "2ms", value_parser = humantime::parse_duration)]
+    linger: Duration,
+}
+
+/// Limits of one gateway.
+#[derive(Debug, Clone)]
+pub struct GatewayOptions {
+    pub memory_budget_bytes: usize,
+    pub body_bytes_max: usize,
+    pub linger: Duration,
+}
+
+/// What every handler shares.
+pub struct Gateway {
+    pub client: Client,
+    pub batcher: Batcher,
+    pub opts: GatewayOptions,
+    budget: Arc<Semaphore>,
+}
+
+impl Gateway {
+    pub fn new(client: Client, opts: GatewayOptions) -> Gateway {
+        let batcher = Batcher::new(
+            client.clone(),
+            BatcherOptions {
+                linger: opts.linger,
+                ..BatcherOptions::default()
+            },
+        );
+        let budget = Arc::new(Semaphore::new(
+            opts.memory_budget_bytes.min(Semaphore::MAX_PERMITS),
+        ));
+        Gateway {
+            client,
+            batcher,
+            opts,
+            budget,
+        }
+    }
+
+    /// Holds `declared` bytes (the body limit when the length is not
+    /// declared) of the memory budget for the request, or refuses it.
+    fn admit(&self, declared: Option<usize>) -> Result<OwnedSemaphorePermit, ApiError> {
+        let limit = self.opts.body_bytes_max;
+        if let Some(n) = declared
+            && n > limit
+        {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!("body of {n} bytes, limit {limit}"),
+            ));
+        }
+        // A body's JSON is held about twice (bytes, then records).
+        let want = (declared.unwrap_or(limit).max(1) * 2).min(self.opts.memory_budget_bytes);
+        let permits = u32::try_from(want).unwrap_or(u32::MAX);
+        let held = self
+            .budget
+            .clone()
+            .try_acquire_many_owned(permits)
+            .map_err(|_| {
+                metrics::counter!("stele_gateway_refused_total", "reason" => "overloaded")
+                    .increment(1);
+                ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "overloaded",
+                    "the gateway's memory budget is full",
+                )
+                .retry_after(1)
+            })?;
+        metrics::gauge!("stele_gateway_budget_bytes_held")
+            .set((self.opts.memory_budget_bytes - self.budget.available_permits()) as f64);
+        Ok(held)
+    }
+
+    fn count(&self, op: &'static str, status: StatusCode) {
+        metrics::counter!("stele_gateway_requests_total", "op" => op, "status" => status.as_str().to_string())
+            .increment(1);
+    }
+
+    fn records(&self, n: usize) {
+        metrics::counter!("stele_gateway_records_total").increment(n as u64);
+    }
+
+    /// A read's answer, counted.
+    fn answer<T: serde::Serialize>(
+        &self,
+        op: &'static str,
+        r: Result<T, ApiError>,
+    ) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        match r {
+            Ok(v) => {
+                self.count(op, StatusCode::OK);
+                axum::Json(v).into_response()
+            }
+            Err(e) => {
+                self.count(op, e.status);
+                e.into_response()
+            }
+        }
+    }
+}
+
+/// The gateway's metrics, present from the first scrape.
+pub fn register_metrics() {
+    let _ = metrics::counter!("stele_gateway_records_total");
+    let _ = metrics::counter!("stele_gateway_refused_total", "reason" => "overloaded");
+    let _ = metrics::gauge!("stele_gateway_budget_bytes_held");
+    let _ = metrics::counter!("stele_gateway_route_redirects_total");
+    let _ = metrics::counter!("stele_gateway_route_pushes_total");
+    let _ = metrics::gauge!("stele_gateway_route_watching");
+}
+
+/// The route cache's counters as metrics, every second: how many calls
+/// took a redirect for want of a current route, and pushed route changes.
+async fn route_metrics(client: Client) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let s = client.route_stats();
+        metrics::counter!("stele_gateway_route_redirects_total").absolute(s.redirects);
+        metrics::counter!("stele_gateway_route_pushes_total").absolute(s.pushed);
+        metrics::gauge!("stele_gateway_route_watching").set(if s.watching { 1.0 } else { 0.0 });
+    }
+}
+
+/// The API's routes; `/openapi.json` describes them.
+pub fn router(gw: Arc<Gateway>) -> axum::Router {
+    use axum::routing::{get, post};
+    axum::Router::new()
+        .route(
+            "/v1/namespaces/{workspace}/{project}/records",
+            post(api::append).get(api::scan_namespace),
+        )
+        .route(
+            "/v1/namespaces/{workspace}/{project}/keys/{key}",
+            get(api::get_key),
+        )
+        .route(
+            "/v1/namespaces/{workspace}/{project}/keys/{key}/records",
+            get(api::scan_key),
+        )
+        .route("/openapi.json", get(api::openapi))
+        .fallback(api::not_found)
+        .with_state(gw)
+}
+
+pub async fn run(a: GatewayArgs) -> anyhow::Result<()> {
+    if !a.insecure_plaintext {
+        anyhow::ensure!(
+            crate::security::is_loopback(&a.http_listen),
+            "--http-listen {} is not loopback: the HTTP API is plaintext, so pass --insecure-plaintext (behind a TLS proxy) to serve it there",
+            a.http_listen
+        );
+    }
+    let opts: ClientOptions = crate::security::cli_options()?;
+    let client = Client::connect_cell(&a.controllers, opts)
+        .await
+        .with_context(|| format!("loading routes from {}", a.controllers.join(",")))?;
+    let gw = Arc::new(Gateway::new(
+        client,
+        GatewayOptions {
+            memory_budget_bytes: a.memory_budget_bytes.max(1),
+            body_bytes_max: a.body_bytes_max.max(1),
+            linger: a.linger,
+        },
+    ));
+    register_metrics();
+    let bound = crate::http::spawn_with(&a.http_listen, router(gw.clone())).await?;
+    crate::http::health().set_ready(true);
+    println!("stele gateway: listening on http://{bound} (HTTP API; OpenAPI at /openapi.json)");
+    tokio::spawn(route_metrics(gw.client.clone()));
+    crate::stop::Signals::new()?.next().await;
+    crate::http::health().set_ready(false);
+    Ok(())
+}

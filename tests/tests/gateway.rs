@@ -1,0 +1,671 @@
+//! `stele gateway` (docs/OPERATIONS.md "Gateways and the HTTP API") in
+//! front of a controller-managed cell of real processes, driven over HTTP
+//! the way a producer in any language would:
+//! - appends (one record, an array, NDJSON, base64), reads (latest, a
+//!   key's timeline, the namespace page by page across tablets and a split
+//!   between pages), idempotency keys;
+//! - hostile input: each refused with a typed 4xx and nothing written;
+//!   a full memory budget answers 429 with Retry-After;
+//! - under appends through the gateway, splits and moves: at most 1% of
+//!   requests redirected (the gateway's route watch), every acknowledged
+//!   record there exactly once;
+//! - a gateway killed mid-batch: retries with the same idempotency keys
+//!   through another gateway apply each record once; without a key, a
+//!   retried request is applied twice (the negative control);
+//! - the API against its own OpenAPI document (schemathesis);
+//! - the Python producer example (`examples/python/producer.py`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use stele_proto::vshard::namespace_range;
+use stele_tests::controlled::ControlledCell;
+use stele_tests::gateway::{Gateway, read_answer, request, send_head};
+
+/// Keys of the rows, each with how often it appears.
+fn key_counts(rows: &[Value]) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for r in rows {
+        *out.entry(r["key"].as_str().unwrap().to_string())
+            .or_default() += 1;
+    }
+    out
+}
+
+fn metric(gw: &Gateway, name: &str) -> f64 {
+    let text = stele_tests::http_get(gw.port, "/metrics");
+    stele_tests::series(&text, name).unwrap_or_else(|| panic!("no {name} in the gateway's metrics"))
+}
+
+#[test]
+fn the_http_api_appends_reads_pages_and_refuses_bad_input() {
+    const NS: &str = "gw/api";
+    let path = format!("/v1/namespaces/{NS}/records");
+    let cell = ControlledCell::new(1, 3);
+    let (_controllers, _nodes) = cell.start(1);
+    let gw = Gateway::start(
+        &cell.controllers_arg(),
+        &[
+            "--body-bytes-max",
+            "65536",
+            "--memory-budget-bytes",
+            "100000",
+        ],
+    );
+
+    // Appends of every shape.
+    let r = gw.append(NS, &json!({"key": "a", "value": "1", "ts": 10}), None);
+    assert_eq!(
+        (r.status, r.json()["positions"].as_array().unwrap().len()),
+        (200, 1),
+        "{}",
+        r.body
+    );
+    let r = gw.append(
+        NS,
+        &json!([{"key": "a", "value": "2", "ts": 20}, {"key": "b", "value": "x", "ts": 5}]),
+        None,
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let nd = b"{\"key\":\"a\",\"value\":\"3\",\"ts\":30}\n{\"key\":\"c\",\"value\":\"y\"}\n";
+    let r = gw.call(
+        "POST",
+        &path,
+        &[("Content-Type", "application/x-ndjson")],
+        nd,
+    );
+    assert_eq!(
+        (r.status, r.json()["positions"].as_array().unwrap().len()),
+        (200, 2),
+        "{}",
+        r.body
+    );
+    let r = gw.append(
+        NS,
+        &json!({"key": "AAE=", "value": "/w==", "encoding": "base64", "ts": 7}),
+        None,
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+
+    // Reads.
+    let r = gw.call("GET", &format!("/v1/namespaces/{NS}/keys/a"), &[], b"");
+    assert_eq!(
+        (r.status, r.json()["value"].clone(), r.json()["ts"].clone()),
+        (200, json!("3"), json!(30))
+    );
+    let r = gw.call("GET", &format!("/v1/namespaces/{NS}/keys/%00%01"), &[], b"");
+    let row = r.json();
+    assert_eq!(
+        (
+            row["key"].as_str(),
+            row["value"].as_str(),
+            row["encoding"].as_str()
+        ),
+        (Some("AAE="), Some("/w=="), Some("base64"))
+    );
+    let r = gw.call("GET", &format!("/v1/namespaces/{NS}/keys/nope"), &[], b"");
+    assert_eq!((r.status, r.kind()), (404, "not_found".to_string()));
+    let mut timeline = Vec::new();
+    let mut cursor = String::new();
+    loop {
+        let r = gw.call(
+            "GET",
+            &format!("/v1/namespaces/{NS}/keys/a/records?limit=1&cursor={cursor}"),
+            &[],
+            b"",
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        let page = r.json();
+        timeline.extend(
+            page["rows"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["value"].as_str().unwrap().to_string()),
+        );
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = c.to_string(),
+            None => break,
+        }
+    }
+    assert_eq!(timeline, ["1", "2", "3"]);
+
+    // Idempotency: the same key and records, applied once.
+    let body = json!([{"key": "i1", "value": "v"}, {"key": "i2", "value": "v"}]);
+    let first = gw.append(NS, &body, Some("req-1"));
+    let again = gw.append(NS, &body, Some("req-1"));
+    assert_eq!(
+        (first.status, again.status),
+        (200, 200),
+        "{} {}",
+        first.body,
+        again.body
+    );
+    assert_eq!(first.json()["duplicate"], false);
+    assert_eq!(again.json()["duplicate"], true);
+    assert_eq!(first.json()["positions"], again.json()["positions"]);
+
+    // Hostile input: a typed 4xx each, and nothing of it written.
+    let json_ct = [("Content-Type", "application/json")];
+    let big = format!(
+        "{{\"key\":\"bad-big\",\"value\":\"{}\"}}",
+        "x".repeat(70_000)
+    );
+    let long_key = format!("{{\"key\":\"bad-{}\",\"value\":\"v\"}}", "k".repeat(5000));
+    // Name, path, headers, body (empty: a GET), status, kind.
+    type Case<'a> = (
+        &'a str,
+        String,
+        Vec<(&'a str, &'a str)>,
+        String,
+        u16,
+        &'a str,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "malformed JSON",
+            path.clone(),
+            json_ct.to_vec(),
+            "{\"key\":\"bad-1\",".into(),
+            400,
+            "malformed",
+        ),
+        (
+            "unknown field",
+            path.clone(),
+            json_ct.to_vec(),
+            r#"{"key":"bad-2","value":"v","colour":1}"#.into(),
+            400,
+            "invalid_argument",
+        ),
+        (
+            "a bad record among good ones",
+            path.clone(),
+            json_ct.to_vec(),
+            r#"[{"key":"bad-3","value":"v"},{"key":"","value":"v"}]"#.into(),
+            400,
+            "invalid_argument",
+        ),
+        (
+            "oversize body",
+            path.clone(),
+            json_ct.to_vec(),
+            big,
+            413,
+            "too_large",
+        ),
+        (
+            "a key past the limit",
+            path.clone(),
+            json_ct.to_vec(),
+            long_key,
+            400,
+            "too_large",
+        ),
+        (
+            "bad namespace",
+            "/v1/namespaces/gw/ba:d/records".to_string(),
+            json_ct.to_vec(),
+            r#"{"key":"bad-4","value":"v"}"#.into(),
+            400,
+            "invalid_argument",
+        ),
+        (
+            "not JSON",
+            path.clone(),
+            vec![("Content-Type", "text/plain")],
+            r#"{"key":"bad-5","value":"v"}"#.into(),
+            415,
+            "invalid_argument",
+        ),
+        (
+            "bad idempotency key",
+            path.clone(),
+            vec![
+                ("Content-Type", "application/json"),
+                ("Idempotency-Key", "a b"),
+            ],
+            r#"{"key":"bad-6","value":"v"}"#.into(),
+            400,
+            "invalid_argument",
+        ),
+        (
+            "ts past int64",
+            path.clone(),
+            json_ct.to_vec(),
+            r#"{"key":"bad-7","value":"v","ts":9223372036854775808}"#.into(),
+            400,
+            "invalid_argument",
+        ),
+        (
+            "bad base64",
+            path.clone(),
+            json_ct.to_vec(),
+            r#"{"key":"!!","value":"v","encoding":"base64"}"#.into(),
+            400,
+            "invalid_argument",
+        ),
+        (
+            "not a bearer token",
+            path.clone(),
+            vec![
+                ("Content-Type", "application/json"),
+                ("Authorization", "Basic Zm9v"),
+            ],
+            r#"{"key":"bad-8","value":"v"}"#.into(),
+            401,
+            "permission_denied",
+        ),
+        (
+            "a malformed bearer token",
+            path.clone(),
+            vec![
+                ("Content-Type", "application/json"),
+                ("Authorization", "Bearer nope"),
+            ],
+            r#"{"key":"bad-9","value":"v"}"#.into(),
+            401,
+            "permission_denied",
+        ),
+        (
+            "unknown path",
+            format!("/v1/namespaces/{NS}/rekords"),
+            json_ct.to_vec(),
+            r#"{"key":"bad-10","value":"v"}"#.into(),
+            404,
+            "not_found",
+        ),
+        (
+            "a cursor not issued",
+            format!("{path}?cursor=AAAA"),
+            vec![],
+            String::new(),
+            400,
+            "invalid_argument",
+        ),
+        (
+            "an unknown query parameter",
+            format!("{path}?colour=red"),
+            vec![],
+            String::new(),
+            400,
+            "invalid_argument",
+        ),
+    ];
+    for (name, p, headers, body, status, kind) in &cases {
+        let method = if body.is_empty() { "GET" } else { "POST" };
+        let r = gw.call(method, p, headers, body.as_bytes());
+        assert_eq!(
+            (r.status, r.kind().as_str()),
+            (*status, *kind),
+            "{name}: {}",
+            r.body
+        );
+        assert_eq!(r.header("content-type"), Some("application/json"), "{name}");
+    }
+
+    // A full memory budget: a request held half sent takes all of it.
+    let held = send_head(gw.port, "POST", &path, &json_ct, 60_000).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let r = gw.append(NS, &json!({"key": "bad-busy", "value": "v"}), None);
+    assert_eq!(
+        (r.status, r.kind().as_str(), r.header("retry-after")),
+        (429, "overloaded", Some("1")),
+        "{}",
+        r.body
+    );
+    let prefix = "{\"key\":\"held\",\"value\":\"";
+    let body = format!("{prefix}{}\"}}", "x".repeat(60_000 - prefix.len() - 2));
+    let mut held = held;
+    held.write_all(body.as_bytes()).unwrap();
+    let r = read_answer(held).unwrap();
+    assert_eq!(r.status, 200, "the held request: {}", r.body);
+    let r = gw.append(NS, &json!({"key": "after-busy", "value": "v"}), None);
+    assert_eq!(r.status, 200, "the budget was given back: {}", r.body);
+
+    let keys = key_counts(&gw.scan_all(NS, 1000));
+    let bad: Vec<&String> = keys.keys().filter(|k| k.starts_with("bad")).collect();
+    assert!(bad.is_empty(), "refused requests wrote {bad:?}");
+    for k in ["a", "b", "c", "i1", "i2", "held", "after-busy"] {
+        assert!(keys.contains_key(k), "{k} missing: {keys:?}");
+    }
+    assert_eq!(keys["a"], 3);
+    assert_eq!(
+        (keys["i1"], keys["i2"]),
+        (1, 1),
+        "idempotent request applied twice"
+    );
+
+    // Namespace pages across tablets, and a split between two pages.
+    let (lo, _) = namespace_range(NS);
+    cell.split_at(lo + 0x8000);
+    cell.split_at(lo + 0x4000);
+    let many: Vec<Value> = (0..60)
+        .map(|i| json!({"key": format!("k{i}"), "value": "v"}))
+        .collect();
+    let r = gw.append(NS, &Value::Array(many), None);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let rows = gw.scan_all(NS, 7);
+    let counts = key_counts(&rows);
+    assert!(
+        (0..60).all(|i| counts.get(&format!("k{i}")) == Some(&1)),
+        "{counts:?}"
+    );
+    let total = rows.len();
+    let first = gw.call("GET", &format!("{path}?limit=5"), &[], b"").json();
+    eprintln!("first page {first}; namespace from {lo}");
+    let mut seen: Vec<Value> = first["rows"].as_array().unwrap().clone();
+    cell.split_at(lo + 0x2000);
+    let mut cursor = first["next_cursor"].as_str().unwrap().to_string();
+    loop {
+        let page = gw
+            .call("GET", &format!("{path}?limit=5&cursor={cursor}"), &[], b"")
+            .json();
+        seen.extend(page["rows"].as_array().unwrap().iter().cloned());
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = c.to_string(),
+            None => break,
+        }
+    }
+    let positions: std::collections::BTreeSet<String> =
+        seen.iter().map(|r| r["position"].to_string()).collect();
+    let lost: Vec<&Value> = rows
+        .iter()
+        .filter(|r| !positions.contains(&r["position"].to_string()))
+        .collect();
+    assert_eq!(
+        (seen.len(), positions.len()),
+        (total, total),
+        "a split between pages lost or repeated rows: lost {lost:?}; tablets now {:?}",
+        cell.tablets()
+            .iter()
+            .map(|t| (
+                t["id"].clone(),
+                t["vshard_lo"].clone(),
+                t["vshard_hi"].clone()
+            ))
+            .collect::<Vec<_>>()
+    );
+    assert!(metric(&gw, "stele_gateway_records_total") >= 70.0);
+}
+
+#[test]
+fn appends_through_a_gateway_go_straight_to_leaders_across_splits_and_moves() {
+    const NS: &str = "gw/routes";
+    let mut cell = ControlledCell::new(1, 4);
+    cell.controller_flags
+        .extend(["--leader-balance-ms".into(), "0".into()]);
+    let (_controllers, _nodes) = cell.start(1);
+    let gw = Gateway::start(&cell.controllers_arg(), &[]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let (stop, acked, port) = (stop.clone(), acked.clone(), gw.port);
+            std::thread::spawn(move || {
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let key = format!("w{w}-{i}");
+                    let body = json!({"key": key, "value": "v"}).to_string();
+                    let h = [
+                        ("Content-Type", "application/json"),
+                        ("Idempotency-Key", key.as_str()),
+                    ];
+                    // Retried with the same key until acknowledged.
+                    loop {
+                        match request(
+                            port,
+                            "POST",
+                            &format!("/v1/namespaces/{NS}/records"),
+                            &h,
+                            body.as_bytes(),
+                        ) {
+                            Ok(r) if r.status == 200 => break,
+                            Ok(r) if r.status >= 500 || r.status == 429 => {}
+                            Ok(r) => panic!("{key}: {} {}", r.status, r.body),
+                            Err(_) => {}
+                        }
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    acked.lock().unwrap().push(key);
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(2));
+    let base = metric(&gw, "stele_gateway_route_redirects_total");
+    let sent_before = acked.lock().unwrap().len();
+    let (lo, _) = namespace_range(NS);
+    for at in [0x8000, 0x4000, 0xc000, 0x2000, 0xe000] {
+        cell.split_at(lo + at);
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    for n in [1, 4] {
+        cell.move_leader_away(NS, n);
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    cell.wait_settled(Duration::from_secs(60));
+    std::thread::sleep(Duration::from_secs(3));
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.join().unwrap();
+    }
+    // The metric is refreshed every second.
+    std::thread::sleep(Duration::from_millis(1500));
+    let redirects = metric(&gw, "stele_gateway_route_redirects_total") - base;
+    let acked = acked.lock().unwrap().clone();
+    let sent = (acked.len() - sent_before) as f64;
+    eprintln!("gateway: {redirects} redirected of {sent} requests over 5 splits and 2 moves");
+    assert!(sent > 300.0, "the writers barely wrote: {sent}");
+    assert!(
+        redirects * 100.0 <= sent,
+        "{redirects} of {sent} requests were redirected"
+    );
+    assert_eq!(metric(&gw, "stele_gateway_route_watching"), 1.0);
+    let counts = key_counts(&gw.scan_all(NS, 5000));
+    let wrong: Vec<_> = acked
+        .iter()
+        .filter(|k| counts.get(*k) != Some(&1))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "acknowledged records not there exactly once: {wrong:?}"
+    );
+}
+
+#[test]
+fn a_gateway_killed_mid_batch_loses_and_doubles_nothing_retried_with_the_same_keys() {
+    const NS: &str = "gw/kill";
+    let cell = ControlledCell::new(1, 3);
+    let (_controllers, _nodes) = cell.start(2);
+    let first = Gateway::start(&cell.controllers_arg(), &[]);
+    let second = Gateway::start(&cell.controllers_arg(), &[]);
+    let body_of = |t: usize, i: usize| {
+        json!([
+            {"key": format!("t{t}-r{i}-a"), "value": "a"},
+            {"key": format!("t{t}-r{i}-b"), "value": "b"},
+            {"key": format!("t{t}-r{i}-c"), "value": "c"},
+        ])
+    };
+    // Producers send to the first gateway until it dies; each remembers
+    // what it sent and what was acknowledged.
+    let sent: Arc<Mutex<HashMap<String, Option<Value>>>> = Arc::default();
+    let producers: Vec<_> = (0..6)
+        .map(|t| {
+            let (sent, port) = (sent.clone(), first.port);
+            std::thread::spawn(move || {
+                for i in 0.. {
+                    let key = format!("t{t}-r{i}");
+                    let body = body_of(t, i).to_string();
+                    sent.lock().unwrap().insert(key.clone(), None);
+                    let h = [
+                        ("Content-Type", "application/json"),
+                        ("Idempotency-Key", key.as_str()),
+                    ];
+                    match request(
+                        port,
+                        "POST",
+                        &format!("/v1/namespaces/{NS}/records"),
+                        &h,
+                        body.as_bytes(),
+                    ) {
+                        Ok(r) if r.status == 200 => {
+                            sent.lock()
+                                .unwrap()
+                                .insert(key, Some(r.json()["positions"].clone()));
+                        }
+                        _ => return,
+                    }
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    first.proc.kill9();
+    for p in producers {
+        p.join().unwrap();
+    }
+    let sent = sent.lock().unwrap().clone();
+    let unanswered = sent.values().filter(|v| v.is_none()).count();
+    eprintln!(
+        "{} requests sent to the killed gateway, {unanswered} unanswered",
+        sent.len()
+    );
+    assert!(
+        sent.len() > 20,
+        "too few requests before the kill: {}",
+        sent.len()
+    );
+    // Every request again, through the other gateway, with its key.
+    for (key, acked) in &sent {
+        let (t, i) = key[1..].split_once("-r").unwrap();
+        let body = body_of(t.parse().unwrap(), i.parse().unwrap());
+        let r = second.append(NS, &body, Some(key));
+        assert_eq!(r.status, 200, "{key}: {}", r.body);
+        if let Some(positions) = acked {
+            assert_eq!(
+                &r.json()["positions"],
+                positions,
+                "{key}: positions changed on retry"
+            );
+            assert_eq!(r.json()["duplicate"], true, "{key}");
+        }
+    }
+    // The negative control: without a key, a retry is a second append.
+    for _ in 0..2 {
+        let r = second.append(NS, &json!({"key": "no-key", "value": "v"}), None);
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let counts = key_counts(&second.scan_all(NS, 5000));
+    assert_eq!(
+        counts.get("no-key"),
+        Some(&2),
+        "the check cannot see a doubled record"
+    );
+    for key in sent.keys() {
+        for part in ["a", "b", "c"] {
+            let k = format!("{key}-{part}");
+            assert_eq!(
+                counts.get(&k),
+                Some(&1),
+                "{k} is there {:?} times",
+                counts.get(&k)
+            );
+        }
+    }
+}
+
+/// The workspace root.
+fn root() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+#[test]
+fn the_http_api_keeps_to_its_openapi_document_under_schemathesis() {
+    let st = std::env::var("STELE_SCHEMATHESIS").map_or_else(
+        |_| stele_tests::target_dir().join("api-venv/bin/schemathesis"),
+        Into::into,
+    );
+    assert!(
+        st.exists(),
+        "no {}: scripts/lib.sh's ensure_api_tools installs schemathesis (scripts/test does)",
+        st.display()
+    );
+    let cell = ControlledCell::new(1, 3);
+    let (_controllers, _nodes) = cell.start(1);
+    let gw = Gateway::start(&cell.controllers_arg(), &["--body-bytes-max", "2000000"]);
+    // Every check but positive_data_acceptance: an opaque cursor, or a key
+    // too long once UTF-8 encoded, is schema-valid and still refused.
+    let started = Instant::now();
+    let out = Command::new(&st)
+        .args(["run", &format!("{}/openapi.json", gw.url())])
+        .args([
+            "--checks",
+            "all",
+            "--exclude-checks",
+            "positive_data_acceptance",
+        ])
+        .args(["--max-examples", "60", "--seed", "1", "--no-color"])
+        .current_dir(stele_tests::target_dir())
+        .output()
+        .expect("run schemathesis");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let tail: String = text
+        .lines()
+        .rev()
+        .take(40)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect::<Vec<_>>()
+        .join("\n");
+    eprintln!("schemathesis took {:?}:\n{tail}", started.elapsed());
+    assert!(
+        out.status.success(),
+        "schemathesis found problems:\n{}\n{}",
+        text.chars().take(20_000).collect::<String>(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("No issues found"), "{tail}");
+}
+
+#[test]
+fn the_python_producer_example_runs_against_a_gateway() {
+    const NS: &str = "gw/python";
+    let cell = ControlledCell::new(1, 3);
+    let (_controllers, _nodes) = cell.start(1);
+    let gw = Gateway::start(&cell.controllers_arg(), &[]);
+    let out = Command::new("python3")
+        .arg(root().join("examples/python/producer.py"))
+        .args([
+            "--gateway",
+            &gw.url(),
+            "--namespace",
+            NS,
+            "--count",
+            "50",
+            "--batch",
+            "5",
+        ])
+        .output()
+        .expect("run python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "producer.py failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let counts = key_counts(&gw.scan_all(NS, 1000));
+    assert_eq!(counts.len(), 50, "{counts:?}");
+    assert!(counts.values().all(|n| *n == 1), "{counts:?}");
+    assert!(stdout.contains("read back 50"), "{stdout}");
+}
