@@ -351,6 +351,27 @@ impl ControlledCell {
         self.move_tablet(t["id"].as_u64().unwrap(), from, to);
     }
 
+    /// A key of `namespace` in each tablet's range, for every tablet that
+    /// holds part of it: (tablet, key).
+    pub fn key_per_tablet(&self, namespace: &str) -> Vec<(u64, String)> {
+        self.tablets()
+            .iter()
+            .filter_map(|t| {
+                let (lo, hi) = (
+                    t["vshard_lo"].as_u64().unwrap(),
+                    t["vshard_hi"].as_u64().unwrap(),
+                );
+                (0..200_000)
+                    .map(|i| format!("probe-{i}"))
+                    .find(|k| {
+                        let v = u64::from(stele_proto::vshard::vshard(namespace, k.as_bytes()));
+                        lo <= v && v < hi
+                    })
+                    .map(|k| (t["id"].as_u64().unwrap(), k))
+            })
+            .collect()
+    }
+
     /// Runs an operator command with `--controllers ... --json`.
     pub fn cli(&self, args: &[&str]) -> (bool, String, String) {
         let ctl = self.controllers_arg();

@@ -402,14 +402,23 @@ fn appends_through_a_gateway_go_straight_to_leaders_across_splits_and_moves() {
         .extend(["--leader-balance-ms".into(), "0".into()]);
     let (_controllers, _nodes) = cell.start(1);
     let gw = Gateway::start(&cell.controllers_arg(), &[]);
+    // Connected before the changes and idle through them: its map is only
+    // what was pushed (tests/watch_routes.rs shows an unwatched client's
+    // map going stale under the same changes).
+    let idle = Gateway::start(&cell.controllers_arg(), &[]);
     let stop = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(Mutex::new(Vec::new()));
+    // Held (read) by each request and (write) by each route change: no
+    // request is in flight across a change, so a redirect means a request
+    // sent after the change went to the wrong node.
+    let gate = Arc::new(std::sync::RwLock::new(()));
     let writers: Vec<_> = (0..4)
         .map(|w| {
-            let (stop, acked, port) = (stop.clone(), acked.clone(), gw.port);
+            let (stop, acked, port, gate) = (stop.clone(), acked.clone(), gw.port, gate.clone());
             std::thread::spawn(move || {
                 let mut i = 0;
                 while !stop.load(Ordering::Relaxed) {
+                    let _sending = gate.read().unwrap();
                     let key = format!("w{w}-{i}");
                     let body = json!({"key": key, "value": "v"}).to_string();
                     let h = [
@@ -442,15 +451,26 @@ fn appends_through_a_gateway_go_straight_to_leaders_across_splits_and_moves() {
     let base = metric(&gw, "stele_gateway_route_redirects_total");
     let sent_before = acked.lock().unwrap().len();
     let (lo, _) = namespace_range(NS);
+    // Each change, 300 ms for it to be pushed, then a second of writes.
+    let change = |f: &dyn Fn()| {
+        let _changing = gate.write().unwrap();
+        f();
+        std::thread::sleep(Duration::from_millis(300));
+    };
     for at in [0x8000, 0x4000, 0xc000, 0x2000, 0xe000] {
-        cell.split_at(lo + at);
+        change(&|| cell.split_at(lo + at));
         std::thread::sleep(Duration::from_secs(1));
     }
     for n in [1, 4] {
-        cell.move_leader_away(NS, n);
+        change(&|| {
+            cell.move_leader_away(NS, n);
+            // The new leader reaches the controller with the next
+            // heartbeats (every 500 ms here), and the gateway with a push.
+            cell.wait_settled(Duration::from_secs(60));
+            std::thread::sleep(Duration::from_millis(1500));
+        });
         std::thread::sleep(Duration::from_secs(1));
     }
-    cell.wait_settled(Duration::from_secs(60));
     std::thread::sleep(Duration::from_secs(3));
     stop.store(true, Ordering::Relaxed);
     for w in writers {
@@ -467,7 +487,6 @@ fn appends_through_a_gateway_go_straight_to_leaders_across_splits_and_moves() {
         redirects * 100.0 <= sent,
         "{redirects} of {sent} requests were redirected"
     );
-    assert_eq!(metric(&gw, "stele_gateway_route_watching"), 1.0);
     let counts = key_counts(&gw.scan_all(NS, 5000));
     let wrong: Vec<_> = acked
         .iter()
@@ -477,6 +496,26 @@ fn appends_through_a_gateway_go_straight_to_leaders_across_splits_and_moves() {
         wrong.is_empty(),
         "acknowledged records not there exactly once: {wrong:?}"
     );
+
+    // The idle gateway, to every tablet the changes made.
+    let keys = cell.key_per_tablet(NS);
+    assert!(keys.len() >= 6, "tablets of the namespace: {keys:?}");
+    let before = metric(&idle, "stele_gateway_route_redirects_total");
+    for round in 0..5 {
+        for (_, k) in &keys {
+            let r = idle.append(NS, &json!({"key": k, "value": round.to_string()}), None);
+            assert_eq!(r.status, 200, "{}", r.body);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let n = keys.len() * 5;
+    let idle_redirects = metric(&idle, "stele_gateway_route_redirects_total") - before;
+    eprintln!("idle gateway: {idle_redirects} redirected of {n} requests");
+    assert!(
+        idle_redirects * 100.0 <= n as f64,
+        "the idle gateway was redirected {idle_redirects} times in {n}"
+    );
+    assert_eq!(metric(&gw, "stele_gateway_route_watching"), 1.0);
 }
 
 #[test]

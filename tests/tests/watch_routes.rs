@@ -15,32 +15,11 @@
 use std::time::{Duration, Instant};
 
 use stele_client::{Client, ClientOptions};
-use stele_proto::vshard::{namespace_range, vshard};
+use stele_proto::vshard::namespace_range;
 use stele_tests::cell::client_options;
 use stele_tests::controlled::{ControlledCell, Writer};
 
 const NS: &str = "watch/ns";
-
-/// A key of the namespace in each tablet's range, for every tablet that
-/// holds part of it.
-fn key_per_tablet(cell: &ControlledCell) -> Vec<(u64, String)> {
-    cell.tablets()
-        .iter()
-        .filter_map(|t| {
-            let (lo, hi) = (
-                t["vshard_lo"].as_u64().unwrap(),
-                t["vshard_hi"].as_u64().unwrap(),
-            );
-            (0..200_000)
-                .map(|i| format!("probe-{i}"))
-                .find(|k| {
-                    let v = u64::from(vshard(NS, k.as_bytes()));
-                    lo <= v && v < hi
-                })
-                .map(|k| (t["id"].as_u64().unwrap(), k))
-        })
-        .collect()
-}
 
 /// Appends `rounds` records to each key, one request each; returns the
 /// client's redirects over them.
@@ -106,7 +85,7 @@ async fn pushed_routes_send_requests_straight_to_the_leader_after_splits_and_mov
         "{redirects} of {sent} appends were redirected after route changes"
     );
 
-    let keys = key_per_tablet(&cell);
+    let keys = cell.key_per_tablet(NS);
     assert!(keys.len() >= 6, "tablets of the namespace: {keys:?}");
     let pushed = idle.route_stats();
     assert!(pushed.pushed > 0, "no route change was pushed: {pushed:?}");
