@@ -72,6 +72,11 @@ pub struct BenchArgs {
     /// look up (`--record-bytes` each).
     #[arg(long, default_value_t = 10_000)]
     pub keys: usize,
+    /// Appends through this gateway's HTTP API (`http://host:port`, one
+    /// keep-alive connection per worker) instead of gRPC; --endpoint still
+    /// reads the node's counters and, with --verify, the records back.
+    #[arg(long, value_name = "URL")]
+    pub gateway: Option<String>,
 }
 
 /// The result of a bench run; `--json` prints exactly these fields.
@@ -272,6 +277,11 @@ pub async fn bench_until(
         let (record_bytes, batch_records, keep) =
             (args.record_bytes, args.batch_records, args.verify);
         let (kind, read) = (args.workload, read_options);
+        let mut http = args
+            .gateway
+            .as_deref()
+            .map(http::HttpAppender::new)
+            .transpose()?;
         workers.spawn(async move {
             let mut rng = rand::rngs::StdRng::from_os_rng();
             let mut out = WorkerResult {
@@ -336,9 +346,16 @@ pub async fn bench_until(
                         rng.fill_bytes(&mut value);
                         record(key, ts, value)
                     })
-                    .collect();
+                    .collect::<Vec<_>>();
                 let t = Instant::now();
-                let result = client.append(ns, records).await;
+                let result = match http.as_mut() {
+                    Some(h) => h.append(ns, &records).await,
+                    None => client
+                        .append(ns, records)
+                        .await
+                        .map(drop)
+                        .map_err(Into::into),
+                };
                 out.requests += 1;
                 match result {
                     Ok(_) => {
@@ -545,6 +562,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+mod http;
 #[cfg(test)]
 mod tests;
 mod verify;

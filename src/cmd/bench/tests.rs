@@ -93,6 +93,7 @@ fn bench_args(endpoint: &str) -> BenchArgs {
         consistency: ReadConsistency::Linearizable,
         max_staleness: None,
         keys: 100,
+        gateway: None,
     }
 }
 
