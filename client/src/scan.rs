@@ -190,27 +190,7 @@ impl Client {
                 tablet: route.tablet,
                 generation: route.generation,
             };
-            let page = self
-                .drive(
-                    "scan page",
-                    &mut Budget::start(),
-                    |routes| {
-                        Ok(Target {
-                            tablet: Some(route.tablet),
-                            endpoint: match routes.get(route.tablet) {
-                                Some(r) => self.endpoint_of(r).to_string(),
-                                None => self.inner.seed.clone(),
-                            },
-                            payload: (),
-                        })
-                    },
-                    |mut c, _| {
-                        let req = req.clone();
-                        async move { c.scan(req).await }
-                    },
-                    |_, reply| page_of(reply),
-                )
-                .await;
+            let page = self.tablet_page(&route, req).await;
             let page = match page {
                 Ok(page) => page,
                 Err(e) if e.kind() == ErrorKind::Redirect => {
@@ -371,33 +351,40 @@ impl Client {
                 tablet: route.tablet,
                 generation: route.generation,
             };
-            let page = self
-                .drive(
-                    "scan page",
-                    &mut Budget::start(),
-                    |routes| {
-                        Ok(Target {
-                            tablet: Some(route.tablet),
-                            endpoint: match routes.get(route.tablet) {
-                                Some(r) => self.endpoint_of(r).to_string(),
-                                None => self.inner.seed.clone(),
-                            },
-                            payload: (),
-                        })
-                    },
-                    |mut c, _| {
-                        let req = req.clone();
-                        async move { c.scan(req).await }
-                    },
-                    |_, reply| page_of(reply),
-                )
-                .await?;
+            let page = self.tablet_page(route, req).await?;
             rows.extend(page.rows);
             if page.next_cursor.is_empty() {
                 return Ok(rows);
             }
             cursor = page.next_cursor;
         }
+    }
+}
+
+impl Client {
+    /// One page of one tablet's scan, from its leader, through the driver
+    /// (`page_of` says what a reply means).
+    async fn tablet_page(&self, route: &Route, req: pb::ScanRequest) -> Result<pb::ScanResponse> {
+        self.drive(
+            "scan page",
+            &mut Budget::start(),
+            |routes| {
+                Ok(Target {
+                    tablet: Some(route.tablet),
+                    endpoint: match routes.get(route.tablet) {
+                        Some(r) => self.endpoint_of(r).to_string(),
+                        None => self.inner.seed.clone(),
+                    },
+                    payload: (),
+                })
+            },
+            |mut c, _| {
+                let req = req.clone();
+                async move { c.scan(req).await }
+            },
+            |_, reply| page_of(reply),
+        )
+        .await
     }
 }
 
