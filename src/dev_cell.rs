@@ -315,6 +315,8 @@ pub async fn run(
             cmd.args(["--node-id", &n.to_string()])
                 .args(["--listen", &client(n).to_string()])
                 .args(["--http-listen", &http_any(ip)])
+                // Each node serves the HTTP API too (plaintext, loopback).
+                .arg("--http-api")
                 .args(["--peer-listen", &peer(n).to_string()])
                 .arg("--data-dir")
                 .arg(cell.dir.join(format!("node-{n}")))

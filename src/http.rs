@@ -175,14 +175,10 @@ pub fn catch_up(node: Arc<Node>, timeout: Duration) -> tokio::task::JoinHandle<(
     })
 }
 
-/// Binds `addr` and serves the probes in the background. A bind failure is
-/// an error at start, naming the flag.
-pub async fn spawn(addr: &HostPort) -> anyhow::Result<std::net::SocketAddr> {
-    spawn_with(addr, axum::Router::new()).await
-}
-
-/// [`spawn`], with `api`'s routes served beside the probes (a gateway's
-/// HTTP API); its fallback answers unknown paths.
+/// Binds `addr` and serves the probes in the background, with `api`'s
+/// routes beside them (a gateway's or a node's HTTP API; an empty router
+/// for none); its fallback answers unknown paths. A bind failure is an
+/// error at start, naming the flag.
 pub async fn spawn_with(
     addr: &HostPort,
     api: axum::Router,

@@ -124,6 +124,11 @@ pub async fn run_server(
         filter_watch,
         peer_advertised,
     } = open_node(options, peering, &tls, &cancel).await?;
+    let controllers = roles
+        .agent
+        .as_ref()
+        .map(|a| a.controllers.clone())
+        .unwrap_or_default();
     let agent = match roles.agent {
         Some(mut ao) => {
             ao.client_endpoint = advertised.clone();
@@ -166,6 +171,18 @@ pub async fn run_server(
             .load(std::sync::atomic::Ordering::Relaxed),
     );
     crate::http::health().set_ready(true);
+    if crate::gateway::in_node_wanted() {
+        anyhow::ensure!(
+            tls.is_none(),
+            "--http-api serves plaintext HTTP: run `stele gateway` in front of a TLS cell"
+        );
+        let own = advertised.clone();
+        tokio::spawn(async move {
+            if let Err(e) = crate::gateway::start_in_node(controllers, own).await {
+                tracing::error!(error = %format!("{e:#}"), "the node's HTTP API did not start");
+            }
+        });
+    }
     let mut signals = Signals::new()?;
     let mut server = server;
     tokio::select! {

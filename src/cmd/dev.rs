@@ -70,8 +70,10 @@ pub async fn run(mut a: DevArgs) -> anyhow::Result<()> {
         "stele dev serves plaintext and listens on loopback only; got --http-listen {}",
         a.http_listen
     );
-    let bound = crate::http::spawn(&a.http_listen.into()).await?;
+    let bound =
+        crate::http::spawn_with(&a.http_listen.into(), crate::gateway::in_node_router()).await?;
     println!("stele dev: HTTP status (/metrics, /healthz, /readyz) at http://{bound}");
+    println!("stele dev: HTTP API at http://{bound}/v1/namespaces/... (OpenAPI: /openapi.json)");
     // A one-node dev cell has nobody to stay compatible with: its leaders
     // coalesce concurrent appends unless told otherwise.
     a.tuning

@@ -104,6 +104,11 @@ pub struct ServerArgs {
     /// `stele health`.
     #[arg(long)]
     http_listen: Option<HostPort>,
+    /// Also serve the HTTP API of `stele gateway` on --http-listen (a
+    /// node of a small plaintext cell; docs/OPERATIONS.md "Gateways and
+    /// the HTTP API").
+    #[arg(long, requires = "http_listen")]
+    http_api: bool,
     /// The client `HOST:PORT` others are told (routes, leader hints); by
     /// default the --listen address, which then must not be 0.0.0.0 or ::.
     #[arg(long)]
@@ -182,7 +187,12 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
     )?;
     let client_tls = crate::security::client_of(&tls);
     if let Some(h) = &a.http_listen {
-        let bound = crate::http::spawn(h).await?;
+        let api = if a.http_api {
+            crate::gateway::in_node_router()
+        } else {
+            axum::Router::new()
+        };
+        let bound = crate::http::spawn_with(h, api).await?;
         // On stdout: `stele dev` relays it with the member's name.
         println!("stele: HTTP status (/metrics, /healthz, /readyz) at http://{bound}");
     }

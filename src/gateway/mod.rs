@@ -16,7 +16,8 @@ pub mod api;
 pub mod idempotency;
 pub mod json;
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -200,6 +201,64 @@ pub fn router(gw: Arc<Gateway>) -> axum::Router {
         .route("/openapi.json", get(api::openapi))
         .fallback(api::not_found)
         .with_state(gw)
+}
+
+/// The HTTP API a node serves itself on its status listener (`stele dev`,
+/// `stele server --http-api`; small plaintext setups): routed to once the
+/// node serves ([`start_in_node`]), 503 before.
+static NODE_API: OnceLock<axum::Router> = OnceLock::new();
+static NODE_API_WANTED: AtomicBool = AtomicBool::new(false);
+
+/// The status listener's fallback when the node serves the API: the API's
+/// router once [`start_in_node`] made it.
+pub fn in_node_router() -> axum::Router {
+    NODE_API_WANTED.store(true, Ordering::SeqCst);
+    axum::Router::new().fallback(|req: axum::extract::Request| async move {
+        use axum::response::IntoResponse;
+        match NODE_API.get() {
+            // A Router is always ready: `call` needs no `poll_ready` first.
+            Some(r) => match tower_service::Service::call(&mut r.clone(), req).await {
+                Ok(resp) => resp,
+                Err(never) => match never {},
+            },
+            None => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "the node's HTTP API starts once the node serves",
+            )
+            .retry_after(1)
+            .into_response(),
+        }
+    })
+}
+
+/// Whether this process serves the API on its status listener.
+pub fn in_node_wanted() -> bool {
+    NODE_API_WANTED.load(Ordering::SeqCst)
+}
+
+/// Makes the node's HTTP API: a client of its own cell, through the
+/// controllers when it has them, else through the node itself.
+pub async fn start_in_node(controllers: Vec<String>, own: String) -> anyhow::Result<()> {
+    let opts = ClientOptions::default();
+    let client = if controllers.is_empty() {
+        Client::connect(&own, opts).await
+    } else {
+        Client::connect_cell(&controllers, opts).await
+    }
+    .context("the node's HTTP API: loading routes")?;
+    let gw = Arc::new(Gateway::new(
+        client,
+        GatewayOptions {
+            memory_budget_bytes: 256 << 20,
+            body_bytes_max: 10 << 20,
+            linger: Duration::from_millis(2),
+        },
+    ));
+    register_metrics();
+    tokio::spawn(route_metrics(gw.client.clone()));
+    let _ = NODE_API.set(router(gw));
+    Ok(())
 }
 
 pub async fn run(a: GatewayArgs) -> anyhow::Result<()> {

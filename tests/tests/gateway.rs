@@ -13,7 +13,8 @@
 //!   through another gateway apply each record once; without a key, a
 //!   retried request is applied twice (the negative control);
 //! - the API against its own OpenAPI document (schemathesis);
-//! - the Python producer example (`examples/python/producer.py`).
+//! - the Python producer example (`examples/python/producer.py`) through a
+//!   gateway, and through the API `stele dev` serves itself.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
@@ -707,4 +708,61 @@ fn the_python_producer_example_runs_against_a_gateway() {
     assert_eq!(counts.len(), 50, "{counts:?}");
     assert!(counts.values().all(|n| *n == 1), "{counts:?}");
     assert!(stdout.contains("read back 50"), "{stdout}");
+}
+
+#[test]
+fn the_python_producer_example_runs_against_stele_dev_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = stele_tests::free_port_base(1).to_string();
+    let dev = stele_tests::Proc::start(
+        &[
+            "dev",
+            "--data-dir",
+            dir.path().to_str().unwrap(),
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--tablets",
+            "4",
+        ],
+        &[],
+    )
+    .unwrap();
+    let api = dev
+        .started
+        .iter()
+        .find_map(|l| l.split("HTTP API at ").nth(1))
+        .and_then(|rest| rest.split("/v1").next())
+        .unwrap_or_else(|| panic!("no HTTP API line in {:?}", dev.started))
+        .to_string();
+    // The API answers once the node's client has its routes.
+    let started = Instant::now();
+    loop {
+        let port: u16 = api.rsplit(':').next().unwrap().parse().unwrap();
+        let r = request(port, "GET", "/v1/namespaces/dev/python/records", &[], b"").unwrap();
+        if r.status == 200 {
+            break;
+        }
+        assert_eq!(r.status, 503, "{}", r.body);
+        assert!(started.elapsed() < Duration::from_secs(30), "{}", r.body);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = Command::new("python3")
+        .arg(root().join("examples/python/producer.py"))
+        .args([
+            "--gateway",
+            &api,
+            "--namespace",
+            "dev/python",
+            "--count",
+            "30",
+        ])
+        .output()
+        .expect("run python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "producer.py failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("read back 30"), "{stdout}");
 }
