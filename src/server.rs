@@ -129,6 +129,12 @@ pub async fn run_server(
         .as_ref()
         .map(|a| a.controllers.clone())
         .unwrap_or_default();
+    // Nodes relay the controllers' route map to clients that reach only
+    // them (`Data.WatchRoutes`), reaching the controllers as the agent does.
+    let relay = roles
+        .agent
+        .as_ref()
+        .map(|a| stele_node::service::RouteRelay::new(a.controllers.clone(), a.tls.clone()));
     let agent = match roles.agent {
         Some(mut ao) => {
             ao.client_endpoint = advertised.clone();
@@ -151,8 +157,12 @@ pub async fn run_server(
     crate::http::health().watch_node(node.clone());
     let observer = stele_node::metrics::Observer::new(node.clone());
     crate::metrics::on_scrape(move || observer.observe());
+    let data = match relay {
+        Some(relay) => node.data_service().with_route_relay(relay),
+        None => node.data_service(),
+    };
     let server = tokio::spawn(stele_node::service::serve_with(
-        Some(node.data_service()),
+        Some(data),
         routes,
         names,
         Some(crate::http::health().serving()),

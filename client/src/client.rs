@@ -67,6 +67,14 @@ impl Default for ClientOptions {
 /// leaves ample room.
 const DECODE_BYTES_MAX: usize = 16 << 20;
 
+/// Route answers a relay's receiver may fall behind by before it starts
+/// again from the whole map.
+const ROUTE_FEED_BUFFER: usize = 256;
+
+fn route_feed() -> tokio::sync::broadcast::Sender<Arc<pb::GetRoutesResponse>> {
+    tokio::sync::broadcast::Sender::new(ROUTE_FEED_BUFFER)
+}
+
 /// A data-API client of one node, with the client's token.
 pub(crate) type Data =
     DataClient<tonic::service::interceptor::InterceptedService<Channel, stele_tls::token::Bearer>>;
@@ -84,6 +92,14 @@ pub(crate) struct Inner {
     pub(crate) seed: String,
     /// The cell's controllers, when routes come from them.
     pub(crate) admin: Option<admin::Admin>,
+    /// Nodes that relay the controllers' route map, when routes come from
+    /// them ([`Client::connect_nodes`]); the one that answered last is
+    /// asked first.
+    pub(crate) route_nodes: Vec<String>,
+    pub(crate) route_node: std::sync::atomic::AtomicUsize,
+    /// Every route answer and pushed change applied, for relays
+    /// ([`Client::subscribe_routes`]).
+    route_feed: tokio::sync::broadcast::Sender<Arc<pb::GetRoutesResponse>>,
     /// Route map generation of the last controller refresh.
     route_generation: std::sync::atomic::AtomicU64,
     pub(crate) opts: ClientOptions,
@@ -166,6 +182,9 @@ impl Client {
             inner: Arc::new(Inner {
                 seed: endpoint.to_string(),
                 admin: None,
+                route_nodes: Vec::new(),
+                route_node: Default::default(),
+                route_feed: route_feed(),
                 route_generation: Default::default(),
                 opts,
                 routes: RwLock::new(RouteTable::new()),
@@ -176,6 +195,42 @@ impl Client {
             token: None,
         };
         client.refresh_routes().await?;
+        Ok(client)
+    }
+
+    /// Connects to a controller-managed cell through its nodes only: each
+    /// node relays the controllers' route map (`GetRoutes`, and pushed
+    /// changes by `WatchRoutes` when [`ClientOptions::watch_routes`]), so
+    /// a client that cannot reach the controllers (another network, a
+    /// firewall) still routes straight to tablet leaders. The nodes are
+    /// tried in turn; the first one is the seed for routes without a
+    /// known leader.
+    pub async fn connect_nodes(nodes: &[String], opts: ClientOptions) -> Result<Client> {
+        let Some(seed) = nodes.first() else {
+            return Err(stele_proto::Error::InvalidArgument {
+                field: "nodes".into(),
+                reason: "at least one node endpoint is needed".into(),
+            }
+            .into());
+        };
+        let client = Client {
+            inner: Arc::new(Inner {
+                seed: seed.clone(),
+                admin: None,
+                route_nodes: nodes.to_vec(),
+                route_node: Default::default(),
+                route_feed: route_feed(),
+                route_generation: Default::default(),
+                opts,
+                routes: RwLock::new(RouteTable::new()),
+                channels: Mutex::new(HashMap::new()),
+                stats: RouteCounters::default(),
+                watch: Mutex::new(None),
+            }),
+            token: None,
+        };
+        client.refresh_routes().await?;
+        client.start_watch();
         Ok(client)
     }
 
@@ -190,6 +245,9 @@ impl Client {
             inner: Arc::new(Inner {
                 seed: String::new(),
                 admin: Some(admin),
+                route_nodes: Vec::new(),
+                route_node: Default::default(),
+                route_feed: route_feed(),
                 route_generation: Default::default(),
                 opts,
                 routes: RwLock::new(RouteTable::new()),
@@ -200,11 +258,15 @@ impl Client {
             token: None,
         };
         client.refresh_routes().await?;
-        if client.inner.opts.watch_routes {
-            let task = tokio::spawn(crate::watch::run(Arc::downgrade(&client.inner)));
-            *client.inner.watch.lock().expect("watch lock") = Some(task);
-        }
+        client.start_watch();
         Ok(client)
+    }
+
+    fn start_watch(&self) {
+        if self.inner.opts.watch_routes {
+            let task = tokio::spawn(crate::watch::run(Arc::downgrade(&self.inner)));
+            *self.inner.watch.lock().expect("watch lock") = Some(task);
+        }
     }
 
     /// A handle to the same cell (routes, channels, route watch shared)
@@ -257,9 +319,14 @@ impl Client {
     }
 
     /// Reloads routes: from the controllers' route map (a delta since the
-    /// cached generation, or the whole map when a route lacks its leader),
-    /// else from the seed node's `ListTablets`.
+    /// cached generation, or the whole map when a route lacks its leader)
+    /// or the nodes' relay of it, else from the seed node's `ListTablets`.
     pub async fn refresh_routes(&self) -> Result<()> {
+        if !self.inner.route_nodes.is_empty() {
+            let resp = crate::watch::get_routes_from_nodes(self, self.route_since()).await?;
+            self.apply_routes(&resp);
+            return Ok(());
+        }
         if let Some(admin) = &self.inner.admin {
             let since = self.route_since();
             let resp = admin
@@ -312,6 +379,47 @@ impl Client {
         self.inner
             .route_generation
             .fetch_max(resp.generation, Ordering::Relaxed);
+        drop(routes);
+        if self.inner.route_feed.receiver_count() > 0 {
+            // No receiver: nothing to do (a send would fail anyway).
+            let _ = self.inner.route_feed.send(Arc::new(resp.clone()));
+        }
+    }
+
+    /// The cached route map as a route answer: the whole map when `since`
+    /// is 0 or ahead of the cache, else the routes of a newer generation
+    /// (the controllers' `GetRoutes`, answered from the cache).
+    pub fn route_map(&self, since: u64) -> pb::GetRoutesResponse {
+        let routes = self.inner.routes.read().expect("routes lock");
+        let generation = self.inner.route_generation.load(Ordering::Relaxed);
+        let full = since == 0 || since > generation;
+        pb::GetRoutesResponse {
+            generation,
+            tablets: routes
+                .routes()
+                .filter(|r| full || r.generation > since)
+                .map(crate::routes::Route::descriptor)
+                .collect(),
+            removed: Vec::new(),
+            full,
+            filed_at_unix_us: 0,
+        }
+    }
+
+    /// A relay's view of the cache: the map since `since` (as
+    /// [`Client::route_map`]) and every route answer applied after it, in
+    /// order. A receiver that lags is to start again from the whole map.
+    pub fn subscribe_routes(
+        &self,
+        since: u64,
+    ) -> (
+        pb::GetRoutesResponse,
+        tokio::sync::broadcast::Receiver<Arc<pb::GetRoutesResponse>>,
+    ) {
+        // Subscribed first: an answer applied meanwhile is in both, and
+        // applying it twice changes nothing.
+        let rx = self.inner.route_feed.subscribe();
+        (self.route_map(since), rx)
     }
 
     /// The tablets the seed node knows.

@@ -314,4 +314,43 @@ impl Data for FakeNode {
             ..Default::default()
         }))
     }
+
+    /// The fake's tablets as a whole route map, as a relaying node of a
+    /// one-node cell answers.
+    async fn get_routes(
+        &self,
+        _request: Request<pb::GetRoutesRequest>,
+    ) -> Result<Response<pb::GetRoutesResponse>, Status> {
+        Ok(Response::new(self.route_map()))
+    }
+
+    type WatchRoutesStream = std::pin::Pin<
+        Box<dyn tokio_stream::Stream<Item = Result<pb::GetRoutesResponse, Status>> + Send>,
+    >;
+
+    /// The whole map, then nothing until the caller leaves (the fake's
+    /// routes change only by the test's hand).
+    async fn watch_routes(
+        &self,
+        _request: Request<pb::WatchRoutesRequest>,
+    ) -> Result<Response<Self::WatchRoutesStream>, Status> {
+        use tokio_stream::StreamExt;
+        let first = tokio_stream::once(Ok(self.route_map()));
+        Ok(Response::new(Box::pin(
+            first.chain(tokio_stream::pending()),
+        )))
+    }
+}
+
+impl FakeNode {
+    fn route_map(&self) -> pb::GetRoutesResponse {
+        let s = self.lock();
+        pb::GetRoutesResponse {
+            generation: s.tablets.iter().map(|t| t.generation).max().unwrap_or(0),
+            tablets: s.tablets.clone(),
+            removed: Vec::new(),
+            full: true,
+            filed_at_unix_us: 0,
+        }
+    }
 }

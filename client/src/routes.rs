@@ -39,6 +39,19 @@ impl Route {
         }
     }
 
+    /// The route as a descriptor (ids, range, generation, leader).
+    pub fn descriptor(&self) -> TabletDescriptor {
+        TabletDescriptor {
+            id: self.tablet,
+            vshard_lo: self.lo,
+            vshard_hi: self.hi,
+            generation: self.generation,
+            leader_node: self.leader_node,
+            leader_endpoint: self.leader_endpoint.clone(),
+            ..Default::default()
+        }
+    }
+
     pub fn contains(&self, vshard: u32) -> bool {
         vshard >= self.lo && u64::from(vshard) < self.hi
     }

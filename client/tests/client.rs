@@ -417,3 +417,44 @@ async fn an_append_waits_for_a_route_within_the_budget() {
     assert_eq!(positions.len(), 1);
     assert_eq!(node.lock().applications, 1);
 }
+
+#[tokio::test]
+async fn a_client_through_nodes_takes_routes_from_the_first_node_that_answers() {
+    let node = FakeNode::one_tablet();
+    let live = node.serve().await.unwrap();
+    node.lock().tablets[0].leader_endpoint = live.clone();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+
+    let client = Client::connect_nodes(&[dead.clone(), live.clone()], opts())
+        .await
+        .unwrap();
+    let routes = client.routes();
+    assert_eq!(routes.len(), 1);
+    assert_eq!(routes.get(1).unwrap().leader_endpoint, live);
+    client.append(NS, records(3)).await.unwrap();
+    assert_eq!(node.lock().rows.len(), 3);
+    // The watch opens at the node that answered and applies its map.
+    let at = std::time::Instant::now();
+    while !client.route_stats().watching || client.route_stats().pushed == 0 {
+        assert!(
+            at.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            client.route_stats()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // No node at all, or none that answers: typed errors, nothing sent.
+    let err = Client::connect_nodes(&[], opts()).await.unwrap_err();
+    assert!(
+        matches!(err.api(), Some(stele_proto::Error::InvalidArgument { .. })),
+        "{err}"
+    );
+    assert!(Client::connect_nodes(&[dead], opts()).await.is_err());
+    assert!(matches!(
+        Client::connect_nodes(&["not a url".to_string()], opts()).await,
+        Err(Error::InvalidEndpoint { .. })
+    ));
+}

@@ -418,6 +418,28 @@ async fn bad_input_is_refused_with_typed_errors_and_writes_nothing() {
         ApiError::from_status(&err),
         ApiError::InvalidArgument { .. }
     ));
+    // A node without controllers has no route map to relay.
+    let err = r
+        .client
+        .get_routes(pb::GetRoutesRequest::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(ApiError::from_status(&err), ApiError::InvalidArgument { ref field, .. } if field == "routes"),
+        "{err:?}"
+    );
+    let err = r
+        .client
+        .watch_routes(pb::WatchRoutesRequest::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            ApiError::from_status(&err),
+            ApiError::InvalidArgument { .. }
+        ),
+        "{err:?}"
+    );
     let applied_after: u64 = r.tablets().await.iter().map(|t| t.applied_index).sum();
     assert_eq!(
         applied_after, applied_before,

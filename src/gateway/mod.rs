@@ -35,9 +35,15 @@ pub struct GatewayArgs {
         long,
         env = "STELE_CONTROLLERS",
         value_delimiter = ',',
-        required = true
+        required_unless_present = "nodes",
+        conflicts_with = "nodes"
     )]
     controllers: Vec<String>,
+    /// Reach the cell through these nodes only (gRPC endpoints,
+    /// comma-separated), not its controllers: the nodes relay the route
+    /// map, for a gateway on a network that cannot reach the controllers.
+    #[arg(long, value_delimiter = ',')]
+    nodes: Vec<String>,
     /// Where producers reach the HTTP API (also `/openapi.json`,
     /// `/metrics`, `/healthz`, `/readyz`). Plaintext: off loopback only
     /// with --insecure-plaintext.
@@ -237,14 +243,15 @@ pub fn in_node_wanted() -> bool {
     NODE_API_WANTED.load(Ordering::SeqCst)
 }
 
-/// Makes the node's HTTP API: a client of its own cell, through the
-/// controllers when it has them, else through the node itself.
+/// Makes the node's HTTP API: a client of its own cell, its routes from
+/// the node's relay of the controllers' map when the cell has controllers,
+/// else from the node's own tablets.
 pub async fn start_in_node(controllers: Vec<String>, own: String) -> anyhow::Result<()> {
     let opts = ClientOptions::default();
     let client = if controllers.is_empty() {
         Client::connect(&own, opts).await
     } else {
-        Client::connect_cell(&controllers, opts).await
+        Client::connect_nodes(&[own], opts).await
     }
     .context("the node's HTTP API: loading routes")?;
     let gw = Arc::new(Gateway::new(
@@ -270,9 +277,19 @@ pub async fn run(a: GatewayArgs) -> anyhow::Result<()> {
         );
     }
     let opts: ClientOptions = crate::security::cli_options()?;
-    let client = Client::connect_cell(&a.controllers, opts)
-        .await
-        .with_context(|| format!("loading routes from {}", a.controllers.join(",")))?;
+    let client = if a.nodes.is_empty() {
+        Client::connect_cell(&a.controllers, opts).await
+    } else {
+        Client::connect_nodes(&a.nodes, opts).await
+    }
+    .with_context(|| {
+        let from = if a.nodes.is_empty() {
+            &a.controllers
+        } else {
+            &a.nodes
+        };
+        format!("loading routes from {}", from.join(","))
+    })?;
     let gw = Arc::new(Gateway::new(
         client,
         GatewayOptions {

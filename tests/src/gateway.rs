@@ -18,14 +18,19 @@ impl Gateway {
     /// `stele gateway --controllers CTL --http-listen 127.0.0.1:0 EXTRA`,
     /// calling the cell with the test CA's operator certificate.
     pub fn start(controllers: &str, extra: &[&str]) -> Gateway {
+        Gateway::start_with(&["--controllers", controllers], extra)
+    }
+
+    /// `stele gateway --nodes NODES ...`: routes relayed by the nodes.
+    pub fn through_nodes(nodes: &str, extra: &[&str]) -> Gateway {
+        Gateway::start_with(&["--nodes", nodes], extra)
+    }
+
+    fn start_with(route_from: &[&str], extra: &[&str]) -> Gateway {
         let certs = tls::test_ca().operator.to_str().unwrap().to_string();
-        let mut args = vec![
-            "gateway",
-            "--controllers",
-            controllers,
-            "--http-listen",
-            "127.0.0.1:0",
-        ];
+        let mut args = vec!["gateway"];
+        args.extend_from_slice(route_from);
+        args.extend_from_slice(&["--http-listen", "127.0.0.1:0"]);
         args.extend_from_slice(extra);
         let proc = Proc::start_bin(&stele_bin(), &args, &[("STELE_CERTS_DIR", &certs)])
             .unwrap_or_else(|e| panic!("gateway: {e}"));

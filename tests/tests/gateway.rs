@@ -8,7 +8,9 @@
 //!   a full memory budget answers 429 with Retry-After;
 //! - under appends through the gateway, splits and moves: at most 1% of
 //!   requests redirected (the gateway's route watch), every acknowledged
-//!   record there exactly once;
+//!   record there exactly once; an idle gateway given only the nodes
+//!   (their relay of the route map) is not redirected either;
+//! - flags that cannot work are refused at start;
 //! - a gateway killed mid-batch: retries with the same idempotency keys
 //!   through another gateway apply each record once; without a key, a
 //!   retried request is applied twice (the negative control);
@@ -407,6 +409,12 @@ fn appends_through_a_gateway_go_straight_to_leaders_across_splits_and_moves() {
     // what was pushed (tests/watch_routes.rs shows an unwatched client's
     // map going stale under the same changes).
     let idle = Gateway::start(&cell.controllers_arg(), &[]);
+    // The same, given only the nodes: its pushes are their relay's.
+    let nodes_arg = (1..=4)
+        .map(|n| cell.node_endpoint(n))
+        .collect::<Vec<_>>()
+        .join(",");
+    let idle_nodes = Gateway::through_nodes(&nodes_arg, &[]);
     let stop = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(Mutex::new(Vec::new()));
     // Held (read) by each request and (write) by each route change: no
@@ -498,24 +506,27 @@ fn appends_through_a_gateway_go_straight_to_leaders_across_splits_and_moves() {
         "acknowledged records not there exactly once: {wrong:?}"
     );
 
-    // The idle gateway, to every tablet the changes made.
+    // The idle gateways, to every tablet the changes made.
     let keys = cell.key_per_tablet(NS);
     assert!(keys.len() >= 6, "tablets of the namespace: {keys:?}");
-    let before = metric(&idle, "stele_gateway_route_redirects_total");
-    for round in 0..5 {
-        for (_, k) in &keys {
-            let r = idle.append(NS, &json!({"key": k, "value": round.to_string()}), None);
-            assert_eq!(r.status, 200, "{}", r.body);
+    for (name, idle) in [("idle", &idle), ("idle through nodes", &idle_nodes)] {
+        let before = metric(idle, "stele_gateway_route_redirects_total");
+        for round in 0..5 {
+            for (_, k) in &keys {
+                let r = idle.append(NS, &json!({"key": k, "value": round.to_string()}), None);
+                assert_eq!(r.status, 200, "{name}: {}", r.body);
+            }
         }
+        std::thread::sleep(Duration::from_millis(1500));
+        let n = keys.len() * 5;
+        let idle_redirects = metric(idle, "stele_gateway_route_redirects_total") - before;
+        eprintln!("{name} gateway: {idle_redirects} redirected of {n} requests");
+        assert!(
+            idle_redirects * 100.0 <= n as f64,
+            "the {name} gateway was redirected {idle_redirects} times in {n}"
+        );
+        assert_eq!(metric(idle, "stele_gateway_route_watching"), 1.0, "{name}");
     }
-    std::thread::sleep(Duration::from_millis(1500));
-    let n = keys.len() * 5;
-    let idle_redirects = metric(&idle, "stele_gateway_route_redirects_total") - before;
-    eprintln!("idle gateway: {idle_redirects} redirected of {n} requests");
-    assert!(
-        idle_redirects * 100.0 <= n as f64,
-        "the idle gateway was redirected {idle_redirects} times in {n}"
-    );
     assert_eq!(metric(&gw, "stele_gateway_route_watching"), 1.0);
 }
 
@@ -765,4 +776,43 @@ fn the_python_producer_example_runs_against_stele_dev_itself() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("read back 30"), "{stdout}");
+}
+
+#[test]
+fn the_gateway_refuses_flags_that_cannot_work() {
+    let st = stele_tests::stele_bin();
+    let cases: [(&[&str], &str); 4] = [
+        (&["gateway"], "--controllers"),
+        (
+            &[
+                "gateway",
+                "--controllers",
+                "http://127.0.0.1:1",
+                "--nodes",
+                "http://127.0.0.1:2",
+            ],
+            "cannot be used with",
+        ),
+        (
+            &[
+                "gateway",
+                "--nodes",
+                "http://127.0.0.1:2",
+                "--http-listen",
+                "0.0.0.0:0",
+            ],
+            "not loopback",
+        ),
+        (&["gateway", "--nodes", "not a url"], "not a url"),
+    ];
+    for (args, want) in cases {
+        let out = Command::new(&st)
+            .args(args)
+            .env_remove("STELE_CONTROLLERS")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} started");
+        assert!(err.contains(want), "{args:?}: want {want:?} in {err}");
+    }
 }

@@ -11,6 +11,8 @@
 //!   off, is (its map went stale), which shows the check can fail.
 //! - The watch follows a controller leader change: the stream ends with the
 //!   old leader and the client reopens it at the new one.
+//! - A client that reaches only nodes gets the same pushes through a
+//!   node's relay, and moves to another node when that one dies.
 
 use std::time::{Duration, Instant};
 
@@ -138,6 +140,95 @@ async fn pushed_routes_send_requests_straight_to_the_leader_after_splits_and_mov
             "the split after the controller leader change was not pushed: {:?}, client at {now}, was {generation}, cell {:?}",
             idle.route_stats(),
             cell.cli(&["cell", "status"]).1
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A client given only nodes (`Client::connect_nodes`) keeps its map current
+/// from a node's relay of the controllers' changes, so after splits and a
+/// move an idle client goes straight to every new leader; the control, its
+/// watch off, is redirected; the watch moves on when its node is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_relay_pushed_routes_to_clients_that_reach_no_controller() {
+    let mut cell = ControlledCell::new(1, 4);
+    cell.controller_flags
+        .extend(["--leader-balance-ms".into(), "0".into()]);
+    let (_controllers, mut nodes) = cell.start(1);
+    let node_endpoints: Vec<String> = (1..=4).map(|n| cell.node_endpoint(n)).collect();
+    let client = Client::connect_nodes(&node_endpoints, client_options())
+        .await
+        .unwrap();
+    let idle = Client::connect_nodes(&node_endpoints, client_options())
+        .await
+        .unwrap();
+    let control = Client::connect_nodes(
+        &node_endpoints,
+        ClientOptions {
+            watch_routes: false,
+            ..client_options()
+        },
+    )
+    .await
+    .unwrap();
+
+    let writer = Writer::start(client.clone(), NS, 4).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let writer_redirects = client.route_stats().redirects;
+    let (ns_lo, _) = namespace_range(NS);
+    for at in [0x8000, 0x4000, 0xc000] {
+        cell.split_at(ns_lo + at);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    cell.move_leader_away(NS, 1);
+    cell.wait_settled(Duration::from_secs(60));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let redirects = client.route_stats().redirects - writer_redirects;
+    let sent = writer.acked_count() as u64;
+    let acked = writer.stop_and_check(&client).await;
+    // Printed, not checked: a writer without the watch is redirected only
+    // once per change and tablet too, so its ratio tells little (the idle
+    // probe below is the check that fails without the relay).
+    eprintln!(
+        "writer through nodes: {redirects} redirects over {sent} appends, {acked} acknowledged"
+    );
+    assert!(sent > 300, "the writer barely wrote: {sent}");
+
+    let keys = cell.key_per_tablet(NS);
+    assert!(keys.len() >= 4, "tablets of the namespace: {keys:?}");
+    let pushed = idle.route_stats();
+    assert!(pushed.pushed > 1, "no route change was relayed: {pushed:?}");
+    let idle_redirects = probe(&idle, &keys, 10, "idle").await;
+    let control_redirects = probe(&control, &keys, 10, "control").await;
+    let n = keys.len() as u64 * 10;
+    eprintln!(
+        "idle clients through nodes over {n} appends: watching {idle_redirects}, not watching {control_redirects}"
+    );
+    assert!(
+        control_redirects > 0,
+        "the control was never redirected: the changes did not make a cached map stale"
+    );
+    assert!(
+        idle_redirects * 100 <= n,
+        "the watching client was redirected {idle_redirects} times in {n} appends"
+    );
+
+    // The idle client watches the first node that answered (node 1): kill
+    // it; the next change arrives through another node's relay.
+    nodes.remove(&1).expect("node 1").kill9();
+    let before = idle.route_stats().pushed;
+    let generation = idle.routes().routes().map(|r| r.generation).max().unwrap();
+    cell.split_at(ns_lo + 0x1000);
+    let at = Instant::now();
+    loop {
+        let now = idle.routes().routes().map(|r| r.generation).max().unwrap();
+        if idle.route_stats().pushed > before && now > generation {
+            break;
+        }
+        assert!(
+            at.elapsed() < Duration::from_secs(30),
+            "the split after node 1 died was not relayed: {:?}, client at {now}, was {generation}",
+            idle.route_stats()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

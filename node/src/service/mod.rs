@@ -28,6 +28,7 @@ mod access;
 use access::Access;
 mod options;
 pub(crate) mod page;
+mod routes;
 mod serve;
 mod status;
 
@@ -36,18 +37,32 @@ use page::{
     KeyCursor, ScanCursor, decode_cursor, encode_cursor, limit_of, rows_within_budget, ts_to_of,
 };
 pub use page::{READ_BYTES_MAX, READ_LIMIT_DEFAULT, READ_LIMIT_MAX};
+pub use routes::{RouteRelay, RouteWatch};
 pub use serve::{Serving, serve, serve_on, serve_with};
 
 #[derive(Clone)]
 pub struct DataService {
     node: Arc<DataParts>,
+    /// The cell's route map, relayed when the cell has controllers.
+    routes: routes::Relay,
 }
 
 impl DataService {
     pub fn new(parts: DataParts) -> DataService {
         DataService {
             node: Arc::new(parts),
+            routes: None,
         }
+    }
+
+    /// Serves `GetRoutes` and `WatchRoutes` from `relay`.
+    pub fn with_route_relay(mut self, relay: RouteRelay) -> DataService {
+        self.routes = Some(Arc::new(relay));
+        self
+    }
+
+    fn relay(&self) -> Result<&RouteRelay, ApiError> {
+        self.routes.as_deref().ok_or_else(routes::not_managed)
     }
 }
 
@@ -717,5 +732,23 @@ impl Data for DataService {
         _req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
         Ok(Response::new(status::of(&self.node)))
+    }
+
+    async fn get_routes(
+        &self,
+        req: Request<pb::GetRoutesRequest>,
+    ) -> Result<Response<pb::GetRoutesResponse>, Status> {
+        let since = req.into_inner().since_generation;
+        Ok(Response::new(self.relay()?.get(since).await?))
+    }
+
+    type WatchRoutesStream = RouteWatch;
+
+    async fn watch_routes(
+        &self,
+        req: Request<pb::WatchRoutesRequest>,
+    ) -> Result<Response<RouteWatch>, Status> {
+        let since = req.into_inner().since_generation;
+        Ok(Response::new(self.relay()?.watch(since).await?))
     }
 }
