@@ -2,16 +2,28 @@
 //! directory once, caches the answer, then routes inside the cell as
 //! [`Client`] does.
 //!
-//! The directory is never on the data path: a namespace never changes cell,
-//! so a cached answer never goes stale, and a namespace resolved once keeps
-//! working while the directory is down. Only a namespace never seen before
-//! needs the directory. A cell that refuses a namespace as not its own
-//! (`WrongCell`, from a cache filled by hand or a directory restored from
-//! an old backup) makes the client resolve it again, once.
+//! The directory is never on the data path: a namespace resolved once
+//! keeps working while the directory is down. Only a namespace never seen
+//! before needs the directory. The cached answers are kept current from
+//! the directory's pushed namespace map (`WatchNamespaces`, opened at the
+//! first resolve): a namespace whose cell's controllers changed is routed
+//! by the new ones from the next request. A cell that refuses a namespace
+//! as not its own (`WrongCell`, from a cache filled by hand or a directory
+//! restored from an old backup) makes the client resolve it again, once.
+//!
+//! ```text
+//! resolve ─▶ cache hit, else GetNamespace ─▶ cache
+//! WatchNamespaces(since = generation held) at the directory leader
+//!   ├─ each message ─▶ replace the cached placements it names; a cell
+//!   │                  whose controllers changed: its client dropped
+//!   └─ ends or fails ─▶ wait (250 ms doubling to 5 s) ─▶ open again
+//! ```
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, RwLock, Weak};
+use std::time::Duration;
 
 use stele_proto::pb;
 
@@ -29,6 +41,17 @@ pub struct Placement {
     pub generation: u64,
 }
 
+impl Placement {
+    fn of(ns: pb::NamespaceRecord) -> Placement {
+        Placement {
+            namespace: ns.name,
+            cell: ns.cell,
+            controllers: ns.controllers,
+            generation: ns.generation,
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct GlobalClient {
     inner: Arc<Inner>,
@@ -38,8 +61,23 @@ struct Inner {
     directory: DirectoryAdmin,
     opts: ClientOptions,
     create_if_missing: bool,
+    watch_namespaces: bool,
     namespaces: RwLock<HashMap<String, Placement>>,
     cells: tokio::sync::Mutex<HashMap<String, Client>>,
+    /// The directory generation of the last pushed map applied.
+    generation: AtomicU64,
+    /// Pushed namespace maps applied.
+    pushed: AtomicU64,
+    /// The namespace watch, started at the first resolve.
+    watch: OnceLock<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(task) = self.watch.get() {
+            task.abort();
+        }
+    }
 }
 
 impl std::fmt::Debug for GlobalClient {
@@ -59,8 +97,12 @@ impl GlobalClient {
                 directory: DirectoryAdmin::with_tls(directory.to_vec(), opts.tls.clone())?,
                 opts,
                 create_if_missing: false,
+                watch_namespaces: true,
                 namespaces: RwLock::new(HashMap::new()),
                 cells: tokio::sync::Mutex::new(HashMap::new()),
+                generation: AtomicU64::new(0),
+                pushed: AtomicU64::new(0),
+                watch: OnceLock::new(),
             }),
         })
     }
@@ -73,6 +115,24 @@ impl GlobalClient {
             .expect("set before the client is cloned")
             .create_if_missing = on;
         self
+    }
+
+    /// Keep cached placements current from the directory's pushed map (on
+    /// by default); off, a placement changes only when a cell refuses it.
+    pub fn watch_namespaces(mut self, on: bool) -> GlobalClient {
+        Arc::get_mut(&mut self.inner)
+            .expect("set before the client is cloned")
+            .watch_namespaces = on;
+        self
+    }
+
+    /// Pushed namespace maps applied so far, and the directory generation
+    /// they brought the cache to.
+    pub fn namespace_pushes(&self) -> (u64, u64) {
+        (
+            self.inner.pushed.load(Ordering::Relaxed),
+            self.inner.generation.load(Ordering::Relaxed),
+        )
     }
 
     /// The directory's leader-following client (operator calls).
@@ -102,6 +162,11 @@ impl GlobalClient {
     /// The namespace's cell: from the cache, else from the directory.
     pub async fn resolve(&self, namespace: &str) -> Result<Placement> {
         stele_proto::limits::validate_namespace(namespace)?;
+        if self.inner.watch_namespaces {
+            self.inner
+                .watch
+                .get_or_init(|| tokio::spawn(watch(Arc::downgrade(&self.inner))));
+        }
         if let Some(p) = self.cached(namespace) {
             return Ok(p);
         }
@@ -120,12 +185,7 @@ impl GlobalClient {
                 }
             })
             .await?;
-        let p = Placement {
-            namespace: ns.name,
-            cell: ns.cell,
-            controllers: ns.controllers,
-            generation: ns.generation,
-        };
+        let p = Placement::of(ns);
         self.inner
             .namespaces
             .write()
@@ -229,5 +289,80 @@ impl GlobalClient {
             c.scan_key_all(namespace, key, ts_from, ts_to, read).await
         })
         .await
+    }
+}
+
+const PAUSE_MIN: Duration = Duration::from_millis(250);
+const PAUSE_MAX: Duration = Duration::from_secs(5);
+
+/// Keeps the cache current from `WatchNamespaces` until the client is
+/// dropped.
+async fn watch(inner: Weak<Inner>) {
+    let mut pause = PAUSE_MIN;
+    loop {
+        let opened = {
+            let Some(i) = inner.upgrade() else { return };
+            let since = i.generation.load(Ordering::Relaxed);
+            i.directory
+                .call(|mut c| async move {
+                    c.watch_namespaces(pb::WatchNamespacesRequest {
+                        since_generation: since,
+                    })
+                    .await
+                })
+                .await
+        };
+        match opened {
+            Ok(mut stream) => loop {
+                match stream.message().await {
+                    Ok(Some(map)) => {
+                        let Some(i) = inner.upgrade() else { return };
+                        i.apply(map).await;
+                        pause = PAUSE_MIN;
+                    }
+                    Ok(None) => break,
+                    Err(status) => {
+                        tracing::debug!(error = %status, "namespace watch ended");
+                        break;
+                    }
+                }
+            },
+            Err(e) => tracing::debug!(error = %e, "namespace watch not opened"),
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(PAUSE_MAX);
+    }
+}
+
+impl Inner {
+    /// Replaces the cached placements `map` names (namespaces never
+    /// resolved here are not taken: the cache holds what this client
+    /// uses); drops the clients of cells whose controllers changed.
+    async fn apply(&self, map: pb::NamespaceMap) {
+        let mut stale_cells = Vec::new();
+        {
+            let mut cache = self.namespaces.write().expect("namespace cache lock");
+            for ns in map.namespaces {
+                let Some(held) = cache.get_mut(&ns.name) else {
+                    continue;
+                };
+                if ns.generation < held.generation && ns.cell == held.cell {
+                    continue;
+                }
+                let new = Placement::of(ns);
+                if new.cell != held.cell || new.controllers != held.controllers {
+                    stale_cells.push(held.cell.clone());
+                }
+                *held = new;
+            }
+        }
+        if !stale_cells.is_empty() {
+            let mut cells = self.cells.lock().await;
+            for c in stale_cells {
+                cells.remove(&c);
+            }
+        }
+        self.generation.fetch_max(map.generation, Ordering::Relaxed);
+        self.pushed.fetch_add(1, Ordering::Relaxed);
     }
 }

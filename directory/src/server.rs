@@ -78,7 +78,7 @@ fn cell_pb(c: &CellRec, s: &DirectoryState) -> pb::CellRecord {
     }
 }
 
-fn namespace_pb(n: &NamespaceRec, s: &DirectoryState) -> pb::NamespaceRecord {
+pub(crate) fn namespace_pb(n: &NamespaceRec, s: &DirectoryState) -> pb::NamespaceRecord {
     pb::NamespaceRecord {
         name: n.name.clone(),
         cell: n.cell.clone(),
@@ -403,5 +403,15 @@ impl pb::directory_server::Directory for Api {
             })
             .await?;
         Ok(Response::new(self.0.namespace_reply(r)?))
+    }
+
+    type WatchNamespacesStream = crate::watch::NamespaceWatch;
+
+    async fn watch_namespaces(
+        &self,
+        request: Request<pb::WatchNamespacesRequest>,
+    ) -> Result<Response<crate::watch::NamespaceWatch>, Status> {
+        let since = request.into_inner().since_generation;
+        Ok(Response::new(crate::watch::watch(self.0.clone(), since)?))
     }
 }

@@ -369,3 +369,114 @@ async fn namespaces_route_across_cells_and_outlive_the_directory() {
         "{err}"
     );
 }
+
+/// The pushed namespace map (`WatchNamespaces`): a client's cached
+/// placement follows its cell's new controllers and a policy change
+/// without a request, across a directory leader change; the control, its
+/// watch off, keeps the old placement. A watch asked from a generation
+/// ahead of the directory gets the whole map; a follower refuses a watch,
+/// naming the leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_placements_follow_the_pushed_namespace_map() {
+    let dir = Directory::new(3, false);
+    let mut members: HashMap<usize, Proc> = (1..=3).map(|i| (i, dir.start(i))).collect();
+    dir.json(&["directory", "init"]);
+    let a = cell("c1", &dir.arg());
+    let (_ctl, _nodes) = a.start(1);
+    dir.json(&[
+        "cell",
+        "register",
+        "c1",
+        "--controllers",
+        &a.controllers_arg(),
+    ]);
+    dir.json(&["ns", "create", "w/a", "--cell", "c1"]);
+
+    let g = GlobalClient::new(&dir.endpoints(), client_options()).unwrap();
+    let control = GlobalClient::new(&dir.endpoints(), client_options())
+        .unwrap()
+        .watch_namespaces(false);
+    for c in [&g, &control] {
+        c.append("w/a", vec![record("k", 1, "v")]).await.unwrap();
+    }
+    let wait = |what: &str, ok: &dyn Fn() -> bool| {
+        let at = std::time::Instant::now();
+        while !ok() {
+            assert!(at.elapsed() < Duration::from_secs(20), "{what}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait("the namespace watch opened", &|| g.namespace_pushes().0 > 0);
+
+    // The cell gains a controller endpoint (a replaced controller, say).
+    let old = a.controller_endpoints();
+    let mut new = old.clone();
+    new.push("http://127.0.0.1:1".into());
+    dir.json(&["cell", "register", "c1", "--controllers", &new.join(",")]);
+    wait("the new controllers were pushed", &|| {
+        g.cached("w/a").unwrap().controllers == new
+    });
+    assert_eq!(
+        control.cached("w/a").unwrap().controllers,
+        old,
+        "the control's placement changed without a watch"
+    );
+    g.append("w/a", vec![record("k", 2, "v2")]).await.unwrap();
+
+    // The directory leader dies: the watch reopens at the new one.
+    let leader = dir.json(&["directory", "status"])["leader_id"]
+        .as_u64()
+        .unwrap() as usize;
+    members.remove(&leader).unwrap().kill9();
+    let generation = g.cached("w/a").unwrap().generation;
+    let at = std::time::Instant::now();
+    while !dir.cli(&["ns", "update", "w/a", "--retention-s", "3600"]).0 {
+        assert!(at.elapsed() < Duration::from_secs(30), "no new leader");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let at = std::time::Instant::now();
+    while g.cached("w/a").unwrap().generation <= generation {
+        assert!(
+            at.elapsed() < Duration::from_secs(30),
+            "the policy change after the leader change was not pushed: {:?}",
+            g.namespace_pushes()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(control.cached("w/a").unwrap().generation, generation);
+
+    // A watch from a generation the directory never reached (a directory
+    // restored from an older backup): the whole map. A follower refuses.
+    let d = DirectoryAdmin::new(dir.endpoints()).unwrap();
+    let mut stream = d
+        .call(|mut c| async move {
+            c.watch_namespaces(pb::WatchNamespacesRequest {
+                since_generation: u64::MAX,
+            })
+            .await
+        })
+        .await
+        .unwrap();
+    let first = stream.message().await.unwrap().unwrap();
+    assert!(first.full, "{first:?}");
+    assert_eq!(first.namespaces.len(), 1);
+    assert_eq!(first.namespaces[0].controllers, new);
+    let new_leader = dir.json(&["directory", "status"])["leader_id"]
+        .as_u64()
+        .unwrap() as usize;
+    let follower = *members.keys().find(|m| **m != new_leader).unwrap();
+    let mut raw = pb::directory_client::DirectoryClient::connect(dir.endpoint(follower))
+        .await
+        .unwrap();
+    let err = raw
+        .watch_namespaces(pb::WatchNamespacesRequest::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            stele_proto::Error::from_status(&err),
+            stele_proto::Error::NotLeader { .. }
+        ),
+        "{err:?}"
+    );
+}

@@ -141,6 +141,7 @@ const DIRECTORY_READ: &[&str] = &[
     "ListCells",
     "GetNamespace",
     "ListNamespaces",
+    "WatchNamespaces",
 ];
 
 impl Policy {
@@ -335,6 +336,10 @@ mod tests {
         assert!(dir.check("/stele.v1.Quorum/Raft", &ctl).is_err());
         assert!(dir.check("/stele.v1.Directory/RegisterCell", &ctl).is_err());
         assert!(dir.check("/stele.v1.Directory/RegisterCell", &op).is_ok());
+        assert!(
+            dir.check("/stele.v1.Directory/WatchNamespaces", &nobody)
+                .is_ok()
+        );
         assert!(
             dir.check("/stele.v1.Directory/GetNamespace", &nobody)
                 .is_ok()
