@@ -71,6 +71,10 @@ const DECODE_BYTES_MAX: usize = 16 << 20;
 /// again from the whole map.
 const ROUTE_FEED_BUFFER: usize = 256;
 
+/// Messages a relayed watch may have waiting for a slow reader before the
+/// relay waits for it (and, past the feed's buffer, sends the whole map).
+const RELAY_BUFFER: usize = 4;
+
 fn route_feed() -> tokio::sync::broadcast::Sender<Arc<pb::GetRoutesResponse>> {
     tokio::sync::broadcast::Sender::new(ROUTE_FEED_BUFFER)
 }
@@ -420,6 +424,38 @@ impl Client {
         // applying it twice changes nothing.
         let rx = self.inner.route_feed.subscribe();
         (self.route_map(since), rx)
+    }
+
+    /// Serves a `WatchRoutes` from this client's cache (a node's relay, a
+    /// gateway): the map since `since`, then every route answer applied,
+    /// the whole map again after falling behind; until the receiver is
+    /// dropped.
+    pub fn relay_routes(
+        &self,
+        since: u64,
+    ) -> tokio::sync::mpsc::Receiver<std::result::Result<pb::GetRoutesResponse, tonic::Status>>
+    {
+        use tokio::sync::broadcast::error::RecvError;
+        let (first, mut feed) = self.subscribe_routes(since);
+        let (tx, rx) = tokio::sync::mpsc::channel(RELAY_BUFFER);
+        let client = self.clone();
+        tokio::spawn(async move {
+            let mut next = first;
+            loop {
+                if tx.send(Ok(next)).await.is_err() {
+                    return; // the watcher left
+                }
+                next = match feed.recv().await {
+                    Ok(msg) => (*msg).clone(),
+                    Err(RecvError::Lagged(missed)) => {
+                        tracing::debug!(missed, "a route watch fell behind: sending the whole map");
+                        client.route_map(0)
+                    }
+                    Err(RecvError::Closed) => return,
+                };
+            }
+        });
+        rx
     }
 
     /// The tablets the seed node knows.

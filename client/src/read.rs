@@ -49,18 +49,34 @@ impl Client {
 
     /// The latest record of a key.
     pub async fn get(&self, namespace: &str, key: &[u8], read: ReadOptions) -> Result<Option<Row>> {
+        self.get_routed(namespace, key, None, read).await
+    }
+
+    /// The latest record of a key written with `routing_key` (it lives in
+    /// the routing key's tablet).
+    pub async fn get_routed(
+        &self,
+        namespace: &str,
+        key: &[u8],
+        routing_key: Option<&[u8]>,
+        read: ReadOptions,
+    ) -> Result<Option<Row>> {
         limits::validate_namespace(namespace)?;
         limits::validate_key("key", key)?;
+        if let Some(r) = routing_key {
+            limits::validate_key("routing_key", r)?;
+        }
         let req = pb::GetRequest {
             namespace: namespace.to_string(),
             key: key.to_vec(),
-            routing_key: None,
+            routing_key: routing_key.map(<[u8]>::to_vec),
             read: Some(read),
         };
+        let by = routing_key.unwrap_or(key);
         self.drive(
             "get",
             &mut Budget::start(),
-            |routes| Ok(self.read_target(routes, vshard(namespace, key))),
+            |routes| Ok(self.read_target(routes, vshard(namespace, by))),
             |mut c, _| {
                 let req = req.clone();
                 async move { c.get(req).await }
@@ -83,12 +99,33 @@ impl Client {
         cursor: Option<Vec<u8>>,
         read: ReadOptions,
     ) -> Result<ScanPage> {
+        self.scan_key_routed(namespace, key, None, ts_from, ts_to, limit, cursor, read)
+            .await
+    }
+
+    /// [`Client::scan_key`] of a key written with `routing_key`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn scan_key_routed(
+        &self,
+        namespace: &str,
+        key: &[u8],
+        routing_key: Option<&[u8]>,
+        ts_from: u64,
+        ts_to: u64,
+        limit: u32,
+        cursor: Option<Vec<u8>>,
+        read: ReadOptions,
+    ) -> Result<ScanPage> {
         limits::validate_namespace(namespace)?;
         limits::validate_key("key", key)?;
+        if let Some(r) = routing_key {
+            limits::validate_key("routing_key", r)?;
+        }
+        let by = routing_key.unwrap_or(key);
         let req = pb::ScanKeyRequest {
             namespace: namespace.to_string(),
             key: key.to_vec(),
-            routing_key: None,
+            routing_key: routing_key.map(<[u8]>::to_vec),
             ts_from,
             ts_to,
             limit,
@@ -98,7 +135,7 @@ impl Client {
         self.drive(
             "scan_key",
             &mut Budget::start(),
-            |routes| Ok(self.read_target(routes, vshard(namespace, key))),
+            |routes| Ok(self.read_target(routes, vshard(namespace, by))),
             |mut c, _| {
                 let req = req.clone();
                 async move { c.scan_key(req).await }

@@ -1,11 +1,13 @@
-//! `stele gateway`: a stateless HTTP/JSON front for producers in any
-//! language (docs/OPERATIONS.md "Gateways and the HTTP API").
+//! `stele gateway`: a stateless HTTP/JSON (and, with `--grpc-listen`,
+//! gRPC) front for producers in any language (docs/OPERATIONS.md
+//! "Gateways and the HTTP API").
 //!
 //! ```text
 //! producer ─HTTP─▶ gateway: admit (memory budget, 429) ─▶ parse, validate (4xx)
 //!                      ├─ Idempotency-Key ─▶ batches by vshard, ids from the key (idempotency)
 //!                      ├─ one record, no token ─▶ Batcher (coalesced per tablet)
 //!                      └─ else ─▶ Client::append with the producer's token
+//! producer ─gRPC─▶ gateway (stele.v1.Data, routed for the caller: grpc.rs)
 //!                  ─gRPC─▶ tablet leaders, by the route map the controllers push
 //! ```
 //!
@@ -13,6 +15,7 @@
 //! may run side by side, and a killed one loses nothing acknowledged.
 
 pub mod api;
+pub mod grpc;
 pub mod idempotency;
 pub mod json;
 
@@ -49,6 +52,10 @@ pub struct GatewayArgs {
     /// with --insecure-plaintext.
     #[arg(long, default_value = "127.0.0.1:7460")]
     http_listen: HostPort,
+    /// Also serve the data API over gRPC (`stele.v1.Data`, routed by the
+    /// gateway) here; off when not given. Plaintext like --http-listen.
+    #[arg(long)]
+    grpc_listen: Option<HostPort>,
     /// Serve plaintext HTTP on a non-loopback address.
     #[arg(long)]
     insecure_plaintext: bool,
@@ -114,26 +121,28 @@ impl Gateway {
                 format!("body of {n} bytes, limit {limit}"),
             ));
         }
-        // A body's JSON is held about twice (bytes, then records).
-        let want = (declared.unwrap_or(limit).max(1) * 2).min(self.opts.memory_budget_bytes);
+        self.hold(declared.unwrap_or(limit)).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "overloaded",
+                "the gateway's memory budget is full",
+            )
+            .retry_after(1)
+        })
+    }
+
+    /// Holds the budget for a request of `bytes` (held about twice: its
+    /// bytes, then its records), or `None` (counted) when it is full.
+    fn hold(&self, bytes: usize) -> Option<OwnedSemaphorePermit> {
+        let want = (bytes.max(1) * 2).min(self.opts.memory_budget_bytes);
         let permits = u32::try_from(want).unwrap_or(u32::MAX);
-        let held = self
-            .budget
-            .clone()
-            .try_acquire_many_owned(permits)
-            .map_err(|_| {
-                metrics::counter!("stele_gateway_refused_total", "reason" => "overloaded")
-                    .increment(1);
-                ApiError::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "overloaded",
-                    "the gateway's memory budget is full",
-                )
-                .retry_after(1)
-            })?;
+        let Ok(held) = self.budget.clone().try_acquire_many_owned(permits) else {
+            metrics::counter!("stele_gateway_refused_total", "reason" => "overloaded").increment(1);
+            return None;
+        };
         metrics::gauge!("stele_gateway_budget_bytes_held")
             .set((self.opts.memory_budget_bytes - self.budget.available_permits()) as f64);
-        Ok(held)
+        Some(held)
     }
 
     fn count(&self, op: &'static str, status: StatusCode) {
@@ -270,11 +279,14 @@ pub async fn start_in_node(controllers: Vec<String>, own: String) -> anyhow::Res
 
 pub async fn run(a: GatewayArgs) -> anyhow::Result<()> {
     if !a.insecure_plaintext {
-        anyhow::ensure!(
-            crate::security::is_loopback(&a.http_listen),
-            "--http-listen {} is not loopback: the HTTP API is plaintext, so pass --insecure-plaintext (behind a TLS proxy) to serve it there",
-            a.http_listen
-        );
+        for (flag, at) in std::iter::once(("--http-listen", &a.http_listen))
+            .chain(a.grpc_listen.iter().map(|g| ("--grpc-listen", g)))
+        {
+            anyhow::ensure!(
+                crate::security::is_loopback(at),
+                "{flag} {at} is not loopback: the gateway serves plaintext, so pass --insecure-plaintext (behind a TLS proxy) to serve it there",
+            );
+        }
     }
     let opts: ClientOptions = crate::security::cli_options()?;
     let client = if a.nodes.is_empty() {
@@ -299,6 +311,25 @@ pub async fn run(a: GatewayArgs) -> anyhow::Result<()> {
         },
     ));
     register_metrics();
+    // Printed before the HTTP line, which says the gateway is up.
+    if let Some(at) = &a.grpc_listen {
+        let listener = tokio::net::TcpListener::bind(at.to_string())
+            .await
+            .with_context(|| format!("--grpc-listen {at}"))?;
+        let bound = listener.local_addr()?;
+        let service = grpc::GrpcData::new(gw.clone()).server();
+        tokio::spawn(async move {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            if let Err(e) = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(incoming)
+                .await
+            {
+                tracing::error!(error = %e, "the gateway's gRPC listener stopped");
+            }
+        });
+        println!("stele gateway: gRPC data API (stele.v1.Data) at http://{bound}");
+    }
     let bound = crate::http::spawn_with(&a.http_listen, router(gw.clone())).await?;
     crate::http::health().set_ready(true);
     println!("stele gateway: listening on http://{bound} (HTTP API; OpenAPI at /openapi.json)");

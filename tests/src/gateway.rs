@@ -43,6 +43,17 @@ impl Gateway {
         Gateway { proc, port }
     }
 
+    /// The gRPC front's endpoint (`--grpc-listen`), from its start line.
+    pub fn grpc_endpoint(&self) -> String {
+        self.proc
+            .started
+            .iter()
+            .find_map(|l| l.split("(stele.v1.Data) at ").nth(1))
+            .unwrap_or_else(|| panic!("no gRPC line in {:?}", self.proc.started))
+            .trim()
+            .to_string()
+    }
+
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }

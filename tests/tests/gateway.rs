@@ -11,6 +11,9 @@
 //!   record there exactly once; an idle gateway given only the nodes
 //!   (their relay of the route map) is not redirected either;
 //! - flags that cannot work are refused at start;
+//! - the gRPC front (`--grpc-listen`) with generated stubs: appends routed
+//!   and applied once per batch id, reads, pages, typed refusals,
+//!   RESOURCE_EXHAUSTED with retry-after;
 //! - a gateway killed mid-batch: retries with the same idempotency keys
 //!   through another gateway apply each record once; without a key, a
 //!   retried request is applied twice (the negative control);
@@ -781,7 +784,7 @@ fn the_python_producer_example_runs_against_stele_dev_itself() {
 #[test]
 fn the_gateway_refuses_flags_that_cannot_work() {
     let st = stele_tests::stele_bin();
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (&["gateway"], "--controllers"),
         (
             &[
@@ -804,6 +807,16 @@ fn the_gateway_refuses_flags_that_cannot_work() {
             "not loopback",
         ),
         (&["gateway", "--nodes", "not a url"], "not a url"),
+        (
+            &[
+                "gateway",
+                "--nodes",
+                "http://127.0.0.1:2",
+                "--grpc-listen",
+                "0.0.0.0:0",
+            ],
+            "--grpc-listen 0.0.0.0:0 is not loopback",
+        ),
     ];
     for (args, want) in cases {
         let out = Command::new(&st)
@@ -815,4 +828,228 @@ fn the_gateway_refuses_flags_that_cannot_work() {
         assert!(!out.status.success(), "{args:?} started");
         assert!(err.contains(want), "{args:?}: want {want:?} in {err}");
     }
+}
+
+/// The gateway's gRPC front (`--grpc-listen`), driven with the generated
+/// stubs as a producer in another language would: appends routed by the
+/// gateway (a retried batch id applies once), reads by key and routing
+/// key, the namespace page by page; bad input refused with typed errors
+/// and nothing written; a full budget answers RESOURCE_EXHAUSTED with
+/// retry-after.
+#[test]
+fn the_grpc_front_routes_appends_and_reads_and_refuses_bad_input() {
+    use stele_proto::Error as ApiError;
+    use stele_proto::pb;
+    const NS: &str = "gw/grpc";
+    let cell = ControlledCell::new(1, 3);
+    let (_controllers, _nodes) = cell.start(1);
+    // Two tablets in the namespace.
+    cell.split_at(namespace_range(NS).0 + 0x8000);
+    let gw = Gateway::start(
+        &cell.controllers_arg(),
+        &[
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--memory-budget-bytes",
+            "100000",
+        ],
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut c = rt
+        .block_on(pb::data_client::DataClient::connect(gw.grpc_endpoint()))
+        .unwrap();
+    let rec = |k: &str, ts: u64, v: &str| pb::Record {
+        key: k.into(),
+        ts,
+        value: v.into(),
+        routing_key: None,
+    };
+    let append = |c: &mut pb::data_client::DataClient<_>, id: u8, records: Vec<pb::Record>| {
+        rt.block_on(c.append(pb::AppendRequest {
+            batch_id: vec![id; 16],
+            namespace: NS.into(),
+            records,
+            ..Default::default()
+        }))
+        .map(|r| r.into_inner())
+    };
+    for i in 0..30u8 {
+        let out = append(&mut c, i + 1, vec![rec(&format!("k{i}"), 1, "v")]).unwrap();
+        assert_eq!((out.positions.len(), out.duplicate), (1, false));
+    }
+    // A retried batch id: applied once, the first positions.
+    let first = append(&mut c, 200, vec![rec("k0", 2, "v2"), rec("k0", 3, "v3")]).unwrap();
+    let again = append(&mut c, 200, vec![rec("k0", 2, "v2"), rec("k0", 3, "v3")]).unwrap();
+    assert!(
+        again.duplicate && again.positions == first.positions,
+        "{again:?}"
+    );
+    let routed = pb::Record {
+        routing_key: Some(b"rk".to_vec()),
+        ..rec("by-rk", 1, "r")
+    };
+    append(&mut c, 201, vec![routed]).unwrap();
+
+    let get = |c: &mut pb::data_client::DataClient<_>, key: &str, rk: Option<&str>| {
+        rt.block_on(c.get(pb::GetRequest {
+            namespace: NS.into(),
+            key: key.into(),
+            routing_key: rk.map(Into::into),
+            read: None,
+        }))
+        .map(|r| r.into_inner().row)
+    };
+    assert_eq!(get(&mut c, "k0", None).unwrap().unwrap().value, b"v3");
+    assert_eq!(
+        get(&mut c, "by-rk", Some("rk")).unwrap().unwrap().value,
+        b"r"
+    );
+    let rows = rt
+        .block_on(c.scan_key(pb::ScanKeyRequest {
+            namespace: NS.into(),
+            key: "k0".into(),
+            ..Default::default()
+        }))
+        .unwrap()
+        .into_inner()
+        .rows;
+    assert_eq!(rows.len(), 3);
+    let scan_all = |c: &mut pb::data_client::DataClient<_>| {
+        let (mut rows, mut cursor) = (Vec::new(), Vec::new());
+        loop {
+            let page = rt
+                .block_on(c.scan(pb::ScanRequest {
+                    namespace: NS.into(),
+                    limit: 7,
+                    cursor: cursor.clone(),
+                    ..Default::default()
+                }))
+                .unwrap()
+                .into_inner();
+            rows.extend(page.rows);
+            if page.next_cursor.is_empty() {
+                return rows;
+            }
+            cursor = page.next_cursor;
+        }
+    };
+    let before = scan_all(&mut c);
+    assert_eq!(before.len(), 33, "30 keys, k0 twice more, by-rk");
+    let tablets = rt
+        .block_on(c.list_tablets(pb::ListTabletsRequest {}))
+        .unwrap()
+        .into_inner()
+        .tablets;
+    assert!(tablets.len() >= 2, "{tablets:?}");
+
+    // Hostile input: typed errors, nothing written.
+    let keys = cell.key_per_tablet(NS);
+    let (k1, k2) = (keys[0].1.clone(), keys[1].1.clone());
+    let kind = |r: Result<pb::AppendResponse, tonic::Status>| {
+        let e = ApiError::from_status(&r.unwrap_err());
+        format!("{e:?}")
+            .split([' ', '{'])
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let bad = |f: &dyn Fn(&mut pb::AppendRequest)| {
+        let mut req = pb::AppendRequest {
+            batch_id: vec![9; 16],
+            namespace: NS.into(),
+            records: vec![rec("bad", 1, "x")],
+            ..Default::default()
+        };
+        f(&mut req);
+        req
+    };
+    let cases: Vec<(&str, pb::AppendRequest, &str)> = vec![
+        (
+            "a tablet named",
+            bad(&|r| r.tablet = tablets[0].id),
+            "InvalidArgument",
+        ),
+        (
+            "a short batch id",
+            bad(&|r| r.batch_id = vec![1; 3]),
+            "InvalidArgument",
+        ),
+        (
+            "a bad namespace",
+            bad(&|r| r.namespace = "no-slash".into()),
+            "InvalidArgument",
+        ),
+        ("no records", bad(&|r| r.records.clear()), "InvalidArgument"),
+        (
+            "an empty key",
+            bad(&|r| r.records[0].key.clear()),
+            "InvalidArgument",
+        ),
+        (
+            "records of two tablets",
+            bad(&|r| r.records = vec![rec(&k1, 1, "bad"), rec(&k2, 1, "bad")]),
+            "InvalidArgument",
+        ),
+    ];
+    for (name, req, want) in cases {
+        let got = kind(rt.block_on(c.append(req)).map(|r| r.into_inner()));
+        assert_eq!(got, want, "{name}");
+    }
+    for (name, req) in [
+        (
+            "a tablet named",
+            pb::ScanRequest {
+                namespace: NS.into(),
+                tablet: tablets[0].id,
+                ..Default::default()
+            },
+        ),
+        (
+            "a cursor it never gave",
+            pb::ScanRequest {
+                namespace: NS.into(),
+                cursor: vec![0xff, 0, 1],
+                ..Default::default()
+            },
+        ),
+    ] {
+        let err = rt.block_on(c.scan(req)).unwrap_err();
+        assert!(
+            matches!(
+                ApiError::from_status(&err),
+                ApiError::InvalidArgument { .. }
+            ),
+            "scan with {name}: {err:?}"
+        );
+    }
+
+    // A full budget (an HTTP request held half sent takes all of it).
+    let path = format!("/v1/namespaces/{NS}/records");
+    let held = send_head(
+        gw.port,
+        "POST",
+        &path,
+        &[("Content-Type", "application/json")],
+        60_000,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let err = append(&mut c, 250, vec![rec("bad-busy", 1, "x")]).unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    assert_eq!(
+        err.metadata()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    assert!(ApiError::from_status(&err).kind() == stele_proto::ErrorKind::Retry);
+    drop(held);
+    std::thread::sleep(Duration::from_millis(500));
+    append(&mut c, 250, vec![rec("after-busy", 1, "x")]).unwrap();
+    let after = scan_all(&mut c);
+    assert_eq!(after.len(), before.len() + 1);
+    assert!(
+        !after.iter().any(|r| r.key.starts_with(b"bad")),
+        "a refused request wrote"
+    );
 }

@@ -19,15 +19,10 @@ use std::sync::Arc;
 use stele_client::{Client, ClientOptions};
 use stele_proto::Error as ApiError;
 use stele_proto::pb;
-use tokio::sync::broadcast::error::RecvError;
 use tonic::Status;
 
 /// The stream of one relayed `WatchRoutes` call.
 pub type RouteWatch = tokio_stream::wrappers::ReceiverStream<Result<pb::GetRoutesResponse, Status>>;
-
-/// Messages a watch may have waiting for a slow reader before the relay
-/// waits for it (and, past the client's feed buffer, sends the whole map).
-const WATCH_BUFFER: usize = 4;
 
 /// A node's relay of its cell's route map.
 pub struct RouteRelay {
@@ -69,26 +64,7 @@ impl RouteRelay {
     /// A watch from `since`: the map since then, then every route answer
     /// the relay applies, until the caller leaves.
     pub async fn watch(&self, since: u64) -> Result<RouteWatch, ApiError> {
-        let client = self.client().await?.clone();
-        let (first, mut feed) = client.subscribe_routes(since);
-        let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
-        tokio::spawn(async move {
-            let mut next = first;
-            loop {
-                if tx.send(Ok(next)).await.is_err() {
-                    return; // the caller left
-                }
-                next = match feed.recv().await {
-                    Ok(msg) => (*msg).clone(),
-                    Err(RecvError::Lagged(missed)) => {
-                        tracing::debug!(missed, "a route watch fell behind: sending the whole map");
-                        client.route_map(0)
-                    }
-                    Err(RecvError::Closed) => return,
-                };
-            }
-        });
-        Ok(RouteWatch::new(rx))
+        Ok(RouteWatch::new(self.client().await?.relay_routes(since)))
     }
 }
 
