@@ -114,6 +114,29 @@ pub(crate) struct Inner {
     watch: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
+impl Inner {
+    fn new(
+        seed: String,
+        admin: Option<admin::Admin>,
+        route_nodes: Vec<String>,
+        opts: ClientOptions,
+    ) -> Inner {
+        Inner {
+            seed,
+            admin,
+            route_nodes,
+            route_node: Default::default(),
+            route_feed: route_feed(),
+            route_generation: Default::default(),
+            opts,
+            routes: RwLock::new(RouteTable::new()),
+            channels: Mutex::new(HashMap::new()),
+            stats: RouteCounters::default(),
+            watch: Mutex::new(None),
+        }
+    }
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
         if let Some(task) = self.watch.get_mut().ok().and_then(Option::take) {
@@ -182,22 +205,12 @@ impl Client {
     /// Connects to a cell through one of its nodes (`http://host:port`) and
     /// loads the route table from its `ListTablets`.
     pub async fn connect(endpoint: &str, opts: ClientOptions) -> Result<Client> {
-        let client = Client {
-            inner: Arc::new(Inner {
-                seed: endpoint.to_string(),
-                admin: None,
-                route_nodes: Vec::new(),
-                route_node: Default::default(),
-                route_feed: route_feed(),
-                route_generation: Default::default(),
-                opts,
-                routes: RwLock::new(RouteTable::new()),
-                channels: Mutex::new(HashMap::new()),
-                stats: RouteCounters::default(),
-                watch: Mutex::new(None),
-            }),
-            token: None,
-        };
+        let client = Client::from_inner(Arc::new(Inner::new(
+            endpoint.to_string(),
+            None,
+            Vec::new(),
+            opts,
+        )));
         client.refresh_routes().await?;
         Ok(client)
     }
@@ -217,22 +230,12 @@ impl Client {
             }
             .into());
         };
-        let client = Client {
-            inner: Arc::new(Inner {
-                seed: seed.clone(),
-                admin: None,
-                route_nodes: nodes.to_vec(),
-                route_node: Default::default(),
-                route_feed: route_feed(),
-                route_generation: Default::default(),
-                opts,
-                routes: RwLock::new(RouteTable::new()),
-                channels: Mutex::new(HashMap::new()),
-                stats: RouteCounters::default(),
-                watch: Mutex::new(None),
-            }),
-            token: None,
-        };
+        let client = Client::from_inner(Arc::new(Inner::new(
+            seed.clone(),
+            None,
+            nodes.to_vec(),
+            opts,
+        )));
         client.refresh_routes().await?;
         client.start_watch();
         Ok(client)
@@ -245,22 +248,12 @@ impl Client {
     /// are also asked again when the cache is found stale.
     pub async fn connect_cell(controllers: &[String], opts: ClientOptions) -> Result<Client> {
         let admin = admin::Admin::with_tls(controllers.to_vec(), opts.tls.clone())?;
-        let client = Client {
-            inner: Arc::new(Inner {
-                seed: String::new(),
-                admin: Some(admin),
-                route_nodes: Vec::new(),
-                route_node: Default::default(),
-                route_feed: route_feed(),
-                route_generation: Default::default(),
-                opts,
-                routes: RwLock::new(RouteTable::new()),
-                channels: Mutex::new(HashMap::new()),
-                stats: RouteCounters::default(),
-                watch: Mutex::new(None),
-            }),
-            token: None,
-        };
+        let client = Client::from_inner(Arc::new(Inner::new(
+            String::new(),
+            Some(admin),
+            Vec::new(),
+            opts,
+        )));
         client.refresh_routes().await?;
         client.start_watch();
         Ok(client)

@@ -36,6 +36,44 @@ async fn probe(client: &Client, keys: &[(u64, String)], rounds: u64, tag: &str) 
     client.route_stats().redirects - before
 }
 
+/// A writer's client, an idle one, and an idle control with the watch off.
+async fn three_clients<F, Fut>(connect: F) -> [Client; 3]
+where
+    F: Fn(ClientOptions) -> Fut,
+    Fut: std::future::Future<Output = stele_client::Result<Client>>,
+{
+    let control = ClientOptions {
+        watch_routes: false,
+        ..client_options()
+    };
+    [
+        connect(client_options()).await.unwrap(),
+        connect(client_options()).await.unwrap(),
+        connect(control).await.unwrap(),
+    ]
+}
+
+/// Splits the namespace once more and waits for `idle` to be pushed the
+/// new generation (more pushes than `before`).
+async fn split_is_pushed(cell: &ControlledCell, idle: &Client, before: u64, when: &str) {
+    let generation = idle.routes().routes().map(|r| r.generation).max().unwrap();
+    cell.split_at(namespace_range(NS).0 + 0x1000);
+    let at = Instant::now();
+    loop {
+        let now = idle.routes().routes().map(|r| r.generation).max().unwrap();
+        if idle.route_stats().pushed > before && now > generation {
+            return;
+        }
+        assert!(
+            at.elapsed() < Duration::from_secs(30),
+            "the split {when} was not pushed: {:?}, client at {now}, was {generation}, cell {:?}",
+            idle.route_stats(),
+            cell.cli(&["cell", "status"]).1
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pushed_routes_send_requests_straight_to_the_leader_after_splits_and_moves() {
     let mut cell = ControlledCell::new(3, 4);
@@ -44,21 +82,7 @@ async fn pushed_routes_send_requests_straight_to_the_leader_after_splits_and_mov
         .extend(["--leader-balance-ms".into(), "0".into()]);
     let (mut controllers, _nodes) = cell.start(1);
     let endpoints = cell.controller_endpoints();
-    let client = Client::connect_cell(&endpoints, client_options())
-        .await
-        .unwrap();
-    let idle = Client::connect_cell(&endpoints, client_options())
-        .await
-        .unwrap();
-    let control = Client::connect_cell(
-        &endpoints,
-        ClientOptions {
-            watch_routes: false,
-            ..client_options()
-        },
-    )
-    .await
-    .unwrap();
+    let [client, idle, control] = three_clients(|o| Client::connect_cell(&endpoints, o)).await;
 
     let writer = Writer::start(client.clone(), NS, 4).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -127,22 +151,7 @@ async fn pushed_routes_send_requests_straight_to_the_leader_after_splits_and_mov
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let generation = idle.routes().routes().map(|r| r.generation).max().unwrap();
-    cell.split_at(ns_lo + 0x1000);
-    let at = Instant::now();
-    loop {
-        let now = idle.routes().routes().map(|r| r.generation).max().unwrap();
-        if idle.route_stats().pushed > before && now > generation {
-            break;
-        }
-        assert!(
-            at.elapsed() < Duration::from_secs(30),
-            "the split after the controller leader change was not pushed: {:?}, client at {now}, was {generation}, cell {:?}",
-            idle.route_stats(),
-            cell.cli(&["cell", "status"]).1
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    split_is_pushed(&cell, &idle, before, "after the controller leader change").await;
 }
 
 /// A client given only nodes (`Client::connect_nodes`) keeps its map current
@@ -156,21 +165,8 @@ async fn nodes_relay_pushed_routes_to_clients_that_reach_no_controller() {
         .extend(["--leader-balance-ms".into(), "0".into()]);
     let (_controllers, mut nodes) = cell.start(1);
     let node_endpoints: Vec<String> = (1..=4).map(|n| cell.node_endpoint(n)).collect();
-    let client = Client::connect_nodes(&node_endpoints, client_options())
-        .await
-        .unwrap();
-    let idle = Client::connect_nodes(&node_endpoints, client_options())
-        .await
-        .unwrap();
-    let control = Client::connect_nodes(
-        &node_endpoints,
-        ClientOptions {
-            watch_routes: false,
-            ..client_options()
-        },
-    )
-    .await
-    .unwrap();
+    let [client, idle, control] =
+        three_clients(|o| Client::connect_nodes(&node_endpoints, o)).await;
 
     let writer = Writer::start(client.clone(), NS, 4).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -217,19 +213,5 @@ async fn nodes_relay_pushed_routes_to_clients_that_reach_no_controller() {
     // it; the next change arrives through another node's relay.
     nodes.remove(&1).expect("node 1").kill9();
     let before = idle.route_stats().pushed;
-    let generation = idle.routes().routes().map(|r| r.generation).max().unwrap();
-    cell.split_at(ns_lo + 0x1000);
-    let at = Instant::now();
-    loop {
-        let now = idle.routes().routes().map(|r| r.generation).max().unwrap();
-        if idle.route_stats().pushed > before && now > generation {
-            break;
-        }
-        assert!(
-            at.elapsed() < Duration::from_secs(30),
-            "the split after node 1 died was not relayed: {:?}, client at {now}, was {generation}",
-            idle.route_stats()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    split_is_pushed(&cell, &idle, before, "after node 1 died").await;
 }
