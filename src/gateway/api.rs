@@ -337,6 +337,12 @@ async fn append_inner(
             )
         })?;
     let records = records_of(&bytes, ndjson, crate::cmd::client::now_us())?;
+    // What an idempotency key's batch ids hash: the records as sent, with
+    // no ts of the gateway's (idempotency.rs).
+    let as_sent = match idem {
+        Some(_) => records_of(&bytes, ndjson, 0)?,
+        None => Vec::new(),
+    };
     drop(bytes);
     stele_client::validate(&ns, &records, client.options())
         .map_err(|e| ApiError::from_client(&e, had_token))?;
@@ -348,7 +354,7 @@ async fn append_inner(
         });
     }
     let out = match idem {
-        Some(key) => super::idempotency::append(&client, &ns, &key, records).await,
+        Some(key) => super::idempotency::append(&client, &ns, &key, records, &as_sent).await,
         None if n == 1 && !had_token => {
             let record = records.into_iter().next().expect("one record");
             gw.batcher

@@ -5,8 +5,15 @@
 //!
 //! ```text
 //! records ─▶ grouped by vshard (input order kept) ─▶ runs within the batch limits
-//!         ─▶ batch id = SHA-256("stele-idempotency-v1", namespace, key, vshard, run)[..16]
+//!         ─▶ batch id = SHA-256("stele-idempotency-v2", namespace, key, vshard, run,
+//!                               the run's records as the producer sent them)[..16]
 //! ```
+//!
+//! The records are in the id so that a key reused for other records (a
+//! producer's bug) is applied as the new request it is, never answered as
+//! a duplicate of the first with its records dropped. They enter as sent:
+//! a `ts` the gateway filled in (its clock, different on every try) is not
+//! part of them.
 //!
 //! A vshard belongs to exactly one tablet whatever splits, merges and
 //! moves happen between two tries, so a group never straddles tablets and
@@ -38,10 +45,13 @@ pub fn key_of(v: &HeaderValue) -> Result<String, ApiError> {
 }
 
 /// The batches of an idempotent append: record indices and batch id.
+/// `as_sent` are the records with the `ts` the producer gave (0 where it
+/// gave none), index for index.
 pub fn batches(
     namespace: &str,
     key: &str,
     records: &[Record],
+    as_sent: &[Record],
     records_max: usize,
     bytes_max: usize,
 ) -> Vec<(Vec<usize>, [u8; 16])> {
@@ -58,21 +68,48 @@ pub fn batches(
             .into_iter()
             .enumerate()
         {
-            out.push((idxs, batch_id(namespace, key, vshard, run as u32)));
+            let id = batch_id(
+                namespace,
+                key,
+                vshard,
+                run as u32,
+                idxs.iter().map(|&i| &as_sent[i]),
+            );
+            out.push((idxs, id));
         }
     }
     out
 }
 
-fn batch_id(namespace: &str, key: &str, vshard: u32, run: u32) -> [u8; 16] {
+fn batch_id<'a>(
+    namespace: &str,
+    key: &str,
+    vshard: u32,
+    run: u32,
+    records: impl Iterator<Item = &'a Record>,
+) -> [u8; 16] {
     let mut ctx = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
-    ctx.update(b"stele-idempotency-v1\0");
-    for part in [namespace.as_bytes(), key.as_bytes()] {
-        ctx.update(&(part.len() as u32).to_be_bytes());
-        ctx.update(part);
+    let mut part = |b: &[u8]| {
+        ctx.update(&(b.len() as u32).to_be_bytes());
+        ctx.update(b);
+    };
+    part(b"stele-idempotency-v2");
+    part(namespace.as_bytes());
+    part(key.as_bytes());
+    part(&vshard.to_be_bytes());
+    part(&run.to_be_bytes());
+    for r in records {
+        part(&r.key);
+        part(&r.ts.to_be_bytes());
+        part(&r.value);
+        match &r.routing_key {
+            None => part(b""),
+            Some(k) => {
+                part(b"r");
+                part(k);
+            }
+        }
     }
-    ctx.update(&vshard.to_be_bytes());
-    ctx.update(&run.to_be_bytes());
     let digest = ctx.finish();
     let mut id = [0u8; 16];
     id.copy_from_slice(&digest.as_ref()[..16]);
@@ -87,12 +124,14 @@ pub async fn append(
     namespace: &str,
     key: &str,
     records: Vec<Record>,
+    as_sent: &[Record],
 ) -> stele_client::Result<(Vec<Position>, bool)> {
     let opts = client.options();
     let plan = batches(
         namespace,
         key,
         &records,
+        as_sent,
         opts.batch_records_max,
         opts.batch_bytes_max,
     );
@@ -127,28 +166,45 @@ mod tests {
         let recs: Vec<Record> = (0..50)
             .map(|i| record(format!("k{}", i % 7), i, "v"))
             .collect();
-        let a = batches("a/b", "req-1", &recs, 10_000, 1 << 20);
+        let a = batches("a/b", "req-1", &recs, &recs, 10_000, 1 << 20);
         assert_eq!(
             a,
-            batches("a/b", "req-1", &recs, 10_000, 1 << 20),
+            batches("a/b", "req-1", &recs, &recs, 10_000, 1 << 20),
             "deterministic"
         );
         assert_eq!(a.len(), 7, "one batch per vshard: {a:?}");
         let covered: usize = a.iter().map(|(i, _)| i.len()).sum();
         assert_eq!(covered, 50);
         let ids = |b: &[(Vec<usize>, [u8; 16])]| b.iter().map(|x| x.1).collect::<Vec<_>>();
-        let other_key = batches("a/b", "req-2", &recs, 10_000, 1 << 20);
-        let other_ns = batches("a/c", "req-1", &recs, 10_000, 1 << 20);
+        let other_key = batches("a/b", "req-2", &recs, &recs, 10_000, 1 << 20);
+        let other_ns = batches("a/c", "req-1", &recs, &recs, 10_000, 1 << 20);
         for other in [&other_key, &other_ns] {
             assert!(ids(&a).iter().all(|id| !ids(other).contains(id)));
         }
         // Runs within a vshard get ids of their own.
-        let small = batches("a/b", "req-1", &recs, 3, 1 << 20);
+        let small = batches("a/b", "req-1", &recs, &recs, 3, 1 << 20);
         let mut seen = ids(&small);
         seen.sort();
         seen.dedup();
         assert_eq!(seen.len(), small.len());
         assert!(small.iter().all(|(i, _)| i.len() <= 3));
+        // The key reused for other records: other ids where the records
+        // differ, the same where they do not.
+        let mut changed = recs.clone();
+        changed[0].value = b"other".to_vec();
+        let reused = batches("a/b", "req-1", &changed, &changed, 10_000, 1 << 20);
+        let differ = ids(&a)
+            .iter()
+            .zip(ids(&reused))
+            .filter(|(x, y)| **x != *y)
+            .count();
+        assert_eq!(differ, 1, "only the changed record's batch gets a new id");
+        // A ts the gateway filled in differs per try and is not hashed.
+        let mut later = recs.clone();
+        for r in &mut later {
+            r.ts += 1_000_000;
+        }
+        assert_eq!(batches("a/b", "req-1", &later, &recs, 10_000, 1 << 20), a);
     }
 
     #[test]

@@ -155,6 +155,15 @@ fn the_http_api_appends_reads_pages_and_refuses_bad_input() {
     assert_eq!(first.json()["duplicate"], false);
     assert_eq!(again.json()["duplicate"], true);
     assert_eq!(first.json()["positions"], again.json()["positions"]);
+    // The key reused for other records (a producer's bug): applied as the
+    // new request it is, never dropped as a duplicate of the first.
+    let reused = gw.append(
+        NS,
+        &json!([{"key": "i1", "value": "reused"}]),
+        Some("req-1"),
+    );
+    assert_eq!(reused.status, 200, "{}", reused.body);
+    assert_eq!(reused.json()["duplicate"], false, "{}", reused.body);
 
     // Hostile input: a typed 4xx each, and nothing of it written.
     let json_ct = [("Content-Type", "application/json")];
@@ -343,8 +352,8 @@ fn the_http_api_appends_reads_pages_and_refuses_bad_input() {
     assert_eq!(keys["a"], 3);
     assert_eq!(
         (keys["i1"], keys["i2"]),
-        (1, 1),
-        "idempotent request applied twice"
+        (2, 1),
+        "the idempotent request applied twice, or the reused key's record lost"
     );
 
     // Namespace pages across tablets, and a split between two pages.
@@ -934,6 +943,16 @@ fn the_grpc_front_routes_appends_and_reads_and_refuses_bad_input() {
         }
     };
     let before = scan_all(&mut c);
+    let first_page_cursor = rt
+        .block_on(c.scan(pb::ScanRequest {
+            namespace: NS.into(),
+            limit: 7,
+            ..Default::default()
+        }))
+        .unwrap()
+        .into_inner()
+        .next_cursor;
+    assert!(!first_page_cursor.is_empty());
     assert_eq!(before.len(), 33, "30 keys, k0 twice more, by-rk");
     let tablets = rt
         .block_on(c.list_tablets(pb::ListTabletsRequest {}))
@@ -1009,6 +1028,14 @@ fn the_grpc_front_routes_appends_and_reads_and_refuses_bad_input() {
             pb::ScanRequest {
                 namespace: NS.into(),
                 cursor: vec![0xff, 0, 1],
+                ..Default::default()
+            },
+        ),
+        (
+            "another namespace's cursor",
+            pb::ScanRequest {
+                namespace: "gw/other".into(),
+                cursor: first_page_cursor.clone(),
                 ..Default::default()
             },
         ),
