@@ -2,8 +2,9 @@
 //! front of a controller-managed cell of real processes, driven over HTTP
 //! the way a producer in any language would:
 //! - appends (one record, an array, NDJSON, base64), reads (latest, a
-//!   key's timeline, the namespace page by page across tablets and a split
-//!   between pages), idempotency keys;
+//!   key's timeline, the namespace page by page across tablets, a split
+//!   between pages followed, a merge between pages refused), idempotency
+//!   keys (a key reused for other records applies them);
 //! - hostile input: each refused with a typed 4xx and nothing written;
 //!   a full memory budget answers 429 with Retry-After;
 //! - under appends through the gateway, splits and moves: at most 1% of
@@ -407,6 +408,41 @@ fn the_http_api_appends_reads_pages_and_refuses_bad_input() {
             .collect::<Vec<_>>()
     );
     assert!(metric(&gw, "stele_gateway_records_total") >= 70.0);
+
+    // A merge under a paged scan cannot be resumed without repeating or
+    // skipping rows: the next page is refused (start over), and a new scan
+    // reads every row once.
+    let first = gw.call("GET", &format!("{path}?limit=5"), &[], b"").json();
+    let cursor = first["next_cursor"].as_str().unwrap().to_string();
+    // The tablet covering vshard `at`.
+    let id_at = |at: u32| {
+        let at = u64::from(at);
+        cell.tablets()
+            .iter()
+            .find(|t| {
+                t["vshard_lo"].as_u64().unwrap() <= at && at < t["vshard_hi"].as_u64().unwrap()
+            })
+            .unwrap_or_else(|| panic!("no tablet covers {at}"))["id"]
+            .as_u64()
+            .unwrap()
+            .to_string()
+    };
+    let (left, right) = (id_at(lo), id_at(lo + 0x2000));
+    let i = cell.json_retrying_busy(&["tablet", "merge", &left, &right, "--wait"]);
+    assert_eq!(i["state"], "done", "{i}");
+    let r = gw.call("GET", &format!("{path}?limit=5&cursor={cursor}"), &[], b"");
+    assert_eq!(
+        (r.status, r.kind().as_str()),
+        (400, "invalid_argument"),
+        "a page after a merge: {}",
+        r.body
+    );
+    assert!(r.body.contains("merged"), "{}", r.body);
+    assert_eq!(
+        gw.scan_all(NS, 7).len(),
+        total,
+        "a new scan after the merge"
+    );
 }
 
 #[test]
