@@ -182,10 +182,7 @@ pub async fn run_server(
     );
     crate::http::health().set_ready(true);
     if crate::gateway::in_node_wanted() {
-        anyhow::ensure!(
-            tls.is_none(),
-            "--http-api serves plaintext HTTP: run `stele gateway` in front of a TLS cell"
-        );
+        // A TLS cell was refused before anything bound (cmd/server.rs).
         let own = advertised.clone();
         tokio::spawn(async move {
             if let Err(e) = crate::gateway::start_in_node(controllers, own).await {

@@ -186,6 +186,10 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
         &want,
     )?;
     let client_tls = crate::security::client_of(&tls);
+    anyhow::ensure!(
+        !a.http_api || tls.is_none(),
+        "--http-api serves plaintext HTTP: run `stele gateway` in front of a TLS cell"
+    );
     if let Some(h) = &a.http_listen {
         let api = if a.http_api {
             crate::gateway::in_node_router()

@@ -11,7 +11,8 @@
 //!   requests redirected (the gateway's route watch), every acknowledged
 //!   record there exactly once; an idle gateway given only the nodes
 //!   (their relay of the route map) is not redirected either;
-//! - flags that cannot work are refused at start;
+//! - flags that cannot work are refused at start (the gateway's, and a
+//!   TLS node asked to serve the plaintext API);
 //! - the gRPC front (`--grpc-listen`) with generated stubs: appends routed
 //!   and applied once per batch id, reads, pages, typed refusals,
 //!   RESOURCE_EXHAUSTED with retry-after;
@@ -873,6 +874,31 @@ fn the_gateway_refuses_flags_that_cannot_work() {
         assert!(!out.status.success(), "{args:?} started");
         assert!(err.contains(want), "{args:?}: want {want:?} in {err}");
     }
+    // A node of a TLS cell refuses to serve the plaintext API itself,
+    // before it opens anything.
+    let tmp = tempfile::tempdir().unwrap();
+    stele_tests::make_certs(tmp.path(), 1);
+    let data = tmp.path().join("data");
+    let certs = tmp.path().join("certs1");
+    let (ok, _, err) = stele_tests::run_plain(&[
+        "server",
+        "--node-id",
+        "1",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--certs",
+        certs.to_str().unwrap(),
+        "--http-listen",
+        "127.0.0.1:0",
+        "--http-api",
+    ]);
+    assert!(
+        !ok && err.contains("--http-api serves plaintext HTTP"),
+        "{err}"
+    );
+    assert!(!data.exists(), "the refused node made its data directory");
 }
 
 /// The gateway's gRPC front (`--grpc-listen`), driven with the generated
