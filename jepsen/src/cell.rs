@@ -102,6 +102,8 @@ pub struct Cell {
     s3: Option<(crate::s3proxy::S3Proxy, String)>,
     /// With TLS on gRPC: the client and operator credentials.
     tls: Option<crate::tls::CellTls>,
+    /// The `gateway` workload's gateways (restarted by `heal`).
+    pub gateways: Option<crate::gateway::Gateways>,
 }
 
 /// A base port with `n` TCP ports and `n` UDP ports 100 above free, below
@@ -322,6 +324,7 @@ impl Cell {
             net,
             s3: None,
             tls,
+            gateways: None,
         };
         if let (true, Some(server)) = (cell.spec.cold, &cell.spec.s3) {
             // Nodes in namespaces reach the runner on the bridge.
@@ -431,6 +434,11 @@ impl Cell {
             Some(net) => format!("{scheme}://{}:{NS_CONTROLLER_PORT}", net.gateway()),
             None => format!("{scheme}://127.0.0.1:{}", self.controller_port()),
         }
+    }
+
+    /// `STELE_CERTS_DIR` of the runner's operator, when gRPC is TLS.
+    pub fn operator_certs(&self) -> Option<PathBuf> {
+        self.tls.as_ref().map(|t| t.operator_dir.clone())
     }
 
     /// Whether gRPC is TLS in this cell.
@@ -1001,6 +1009,9 @@ impl Cell {
         if self.spec.controlled && self.controller.is_none() {
             self.start_controller()?;
         }
+        if let Some(g) = &mut self.gateways {
+            g.heal()?;
+        }
         Ok(())
     }
 
@@ -1033,6 +1044,9 @@ impl Cell {
     }
 
     pub fn stop(&mut self) {
+        if let Some(g) = &mut self.gateways {
+            g.stop();
+        }
         for n in self.paused.clone() {
             self.resume(n);
         }

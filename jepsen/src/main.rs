@@ -82,13 +82,18 @@ enum Cmd {
         /// (`partition-leader` must then find stale reads).
         #[arg(long)]
         unsafe_wake_reads: bool,
+        /// Negative control of the `gateway` workload: appends carry no
+        /// Idempotency-Key, so a retried one may apply twice (`duplicate`).
+        #[arg(long)]
+        unsafe_gateway_retries: bool,
         /// Four nodes placed by a controller (needed for `churn`).
         #[arg(long)]
         controlled: bool,
         /// `list-append` (per-key lists, linearizable reads), `set` (unique
         /// inserts, one final read of the namespace, cold tier on) or
         /// `register` (read, write, compare-and-set per key; checked for
-        /// linearizability).
+        /// linearizability) or `gateway` (list-append over HTTP through two
+        /// `stele gateway` processes; a controlled cell).
         #[arg(long, default_value = "list-append")]
         workload: Workload,
         /// A cold tier for any workload (`all` turns it on when there is an
@@ -196,6 +201,7 @@ fn main() -> std::process::ExitCode {
                 unsafe_skip_fsync,
                 unsafe_leader_restore,
                 unsafe_wake_reads,
+                unsafe_gateway_retries,
                 controlled,
                 workload,
                 cold,
@@ -225,6 +231,7 @@ fn main() -> std::process::ExitCode {
                     match workload {
                         Workload::Set => "set-",
                         Workload::Register => "register-",
+                        Workload::Gateway => "gateway-",
                         Workload::ListAppend => "",
                     },
                     label,
@@ -233,6 +240,7 @@ fn main() -> std::process::ExitCode {
                         (unsafe_skip_fsync, "-unsafe-fsync"),
                         (unsafe_leader_restore, "-unsafe-restore"),
                         (unsafe_wake_reads, "-unsafe-wake"),
+                        (unsafe_gateway_retries, "-unsafe-gateway"),
                     ]
                     .iter()
                     .filter(|(on, _)| *on)
@@ -253,6 +261,7 @@ fn main() -> std::process::ExitCode {
                     unsafe_skip_fsync,
                     unsafe_leader_restore,
                     unsafe_wake_reads,
+                    unsafe_gateway_retries,
                     controlled,
                     netns,
                     workload,
@@ -349,6 +358,24 @@ fn main() -> std::process::ExitCode {
                         false,
                         24,
                     ),
+                    // Producers through HTTP gateways, gateways and nodes
+                    // killed and paused under them: retries under
+                    // idempotency keys apply once.
+                    (
+                        "gateway",
+                        vec![Nemesis::KillGateway, Nemesis::Kill, Nemesis::Pause],
+                        false,
+                        true,
+                        25,
+                    ),
+                    // Must be caught: the same retries without keys.
+                    (
+                        "negative-control-gateway",
+                        vec![Nemesis::KillGateway, Nemesis::Pause],
+                        true,
+                        true,
+                        26,
+                    ),
                 ];
                 let unknown: Vec<&String> = only
                     .iter()
@@ -408,11 +435,14 @@ fn main() -> std::process::ExitCode {
                         unsafe_skip_fsync: unsafe_reads && name == "negative-control-fsync",
                         unsafe_leader_restore: unsafe_reads && name == "negative-control-restore",
                         unsafe_wake_reads: unsafe_reads && name == "negative-control-wake",
+                        unsafe_gateway_retries: unsafe_reads
+                            && name == "negative-control-gateway",
                         controlled,
                         netns,
                         workload: match name {
                             "set" | "set+s3" => Workload::Set,
                             "register" => Workload::Register,
+                            "gateway" | "negative-control-gateway" => Workload::Gateway,
                             _ => Workload::ListAppend,
                         },
                         cold: false,

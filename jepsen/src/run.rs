@@ -45,6 +45,10 @@ pub enum Workload {
     /// compare-and-set by a conditional append on the version read; each
     /// key's history checked for linearizability (`todc-utils`).
     Register,
+    /// List-append through two `stele gateway` processes over HTTP, each
+    /// append retried through the other gateway under its idempotency key
+    /// (`crate::gateway`); implies a controlled cell.
+    Gateway,
 }
 
 impl std::str::FromStr for Workload {
@@ -54,8 +58,9 @@ impl std::str::FromStr for Workload {
             "list-append" => Ok(Workload::ListAppend),
             "set" => Ok(Workload::Set),
             "register" => Ok(Workload::Register),
+            "gateway" => Ok(Workload::Gateway),
             other => Err(format!(
-                "unknown workload {other:?}: want list-append, set or register"
+                "unknown workload {other:?}: want list-append, set, register or gateway"
             )),
         }
     }
@@ -119,6 +124,10 @@ pub enum Nemesis {
     /// each `503 Slow Down` (a cold tier on S3: `--cold` and an S3 server);
     /// heal lets them through.
     S3,
+    /// SIGKILL one of the gateways (the `gateway` workload); heal restarts
+    /// it on its port. Requests in flight through it are cut off; their
+    /// producers retry through another.
+    KillGateway,
     /// Every nemesis this machine can run ([`Nemesis::all`]); implies a
     /// controlled cell.
     All,
@@ -179,6 +188,7 @@ impl std::str::FromStr for Nemesis {
             "merge" => Nemesis::Merge,
             "s3" => Nemesis::S3,
             "power-cut" => Nemesis::PowerCut,
+            "kill-gateway" => Nemesis::KillGateway,
             "all" => Nemesis::All,
             other => return Err(format!("unknown nemesis {other:?}")),
         })
@@ -212,6 +222,10 @@ pub struct RunOptions {
     /// a read index until it loses leadership (caught by a partition of
     /// the leader).
     pub unsafe_wake_reads: bool,
+    /// Negative control of the `gateway` workload: appends carry no
+    /// Idempotency-Key, so a retry of one whose answer was lost applies it
+    /// twice (caught as `duplicate`).
+    pub unsafe_gateway_retries: bool,
     /// Four nodes placed by a controller instead of a static three-node
     /// cell (needed for `churn`).
     pub controlled: bool,
@@ -238,6 +252,7 @@ pub struct Results {
     pub unsafe_skip_fsync: bool,
     pub unsafe_leader_restore: bool,
     pub unsafe_wake_reads: bool,
+    pub unsafe_gateway_retries: bool,
     /// Each node's fsync delay in ms, node 1 first (runs with
     /// `power-cut` grade their disks; empty otherwise).
     pub sync_delay_ms: Vec<u64>,
@@ -307,7 +322,7 @@ struct NemesisEvent {
     nodes: Vec<usize>,
 }
 
-struct Recorder {
+pub(crate) struct Recorder {
     started: Instant,
     events: Mutex<Vec<Event>>,
     /// Set by the nemesis while it lets the cell go idle before a fault
@@ -333,13 +348,13 @@ impl Recorder {
     }
 
     /// Waits while the nemesis holds the clients quiet.
-    async fn hold(&self) {
+    pub(crate) async fn hold(&self) {
         while self.quiet.load(Ordering::Relaxed) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
-    fn record(&self, process: u64, kind: Kind, op: Op, node: u64) {
+    pub(crate) fn record(&self, process: u64, kind: Kind, op: Op, node: u64) {
         let time_ns = self.now();
         self.events.lock().expect("lock").push(Event {
             process,
@@ -455,8 +470,13 @@ impl KeySpace {
         format!("k{slot}-{generation}")
     }
 
+    /// How many keys are written at once.
+    pub(crate) fn slots(&self) -> usize {
+        self.slots.len()
+    }
+
     /// The key to append to in `slot` (counting the append).
-    fn for_append(&self, slot: usize) -> String {
+    pub(crate) fn for_append(&self, slot: usize) -> String {
         let mut s = self.slots[slot].lock().expect("lock");
         if s.1 >= self.appends_per_key {
             *s = (s.0 + 1, 0);
@@ -468,7 +488,7 @@ impl KeySpace {
     }
 
     /// The key to read in `slot`.
-    fn for_read(&self, slot: usize) -> String {
+    pub(crate) fn for_read(&self, slot: usize) -> String {
         let key = KeySpace::name(slot, self.slots[slot].lock().expect("lock").0);
         self.used.lock().expect("lock").insert(key.clone());
         key
@@ -864,6 +884,14 @@ async fn nemesis(
                     (1..=nodes).collect(),
                 )
             }
+            Nemesis::KillGateway => {
+                let Some(g) = cell.gateways.as_mut() else {
+                    anyhow::bail!("kill-gateway needs the gateway workload");
+                };
+                let i = rng.random_range(0..g.len());
+                g.kill(i);
+                ("kill-gateway".to_string(), vec![i + 1])
+            }
             Nemesis::KillController => {
                 if !cell.kill_controller() {
                     anyhow::bail!("kill-controller needs a controlled cell (--controlled)");
@@ -1198,10 +1226,12 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         !upgrade || opts.old_bin.is_some(),
         "the upgrade nemesis needs an older stele binary (--old-bin)"
     );
+    // Gateways route by the controllers' map: a controlled cell.
+    let controlled = opts.controlled || opts.workload == Workload::Gateway;
     let spec = CellSpec {
         bin: opts.bin.clone(),
         old_bin: opts.old_bin.clone().filter(|_| upgrade),
-        nodes: if opts.controlled { 4 } else { 3 },
+        nodes: if controlled { 4 } else { 3 },
         tablets: 2,
         election_timeout_ms: 1000,
         unsafe_local_reads: opts.unsafe_local_reads,
@@ -1211,7 +1241,7 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         // Under power cuts the disks differ in speed: a cut then often
         // finds a leader whose last groups a follower synced first.
         graded_fsync: opts.nemeses.contains(&Nemesis::PowerCut),
-        controlled: opts.controlled,
+        controlled,
         netns: opts.netns,
         cold: opts.cold || opts.workload == Workload::Set,
         s3: opts.s3.clone(),
@@ -1237,8 +1267,17 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
     cell.check_tls(1)
         .await
         .context("the cell's gRPC is not the TLS it should be")?;
+    if opts.workload == Workload::Gateway {
+        cell.gateways = Some(crate::gateway::Gateways::start(
+            &opts.bin,
+            &dir,
+            cell.controller_endpoint(),
+            cell.operator_certs(),
+            2,
+        )?);
+    }
     let namespace = match opts.workload {
-        Workload::ListAppend => NAMESPACE,
+        Workload::ListAppend | Workload::Gateway => NAMESPACE,
         Workload::Set => SET_NAMESPACE,
         Workload::Register => REGISTER_NAMESPACE,
     };
@@ -1289,6 +1328,18 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
                 stop_at,
                 rec.clone(),
             )),
+            Workload::Gateway => tokio::spawn(crate::gateway::gateway_process(
+                p,
+                cell.gateways
+                    .as_ref()
+                    .map(|g| g.ports())
+                    .unwrap_or_default(),
+                keys.clone(),
+                opts.seed,
+                stop_at,
+                rec.clone(),
+                !opts.unsafe_gateway_retries,
+            )),
         });
     }
     let mut log = Vec::new();
@@ -1312,12 +1363,12 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
     write_jsonl(&dir.join("history.jsonl"), &events)?;
     write_jsonl(&dir.join("nemesis.jsonl"), &log)?;
     let (finals, set_final) = match opts.workload {
-        Workload::ListAppend => (final_reads(&cell, &keys.used()).await?, None),
+        Workload::ListAppend | Workload::Gateway => (final_reads(&cell, &keys.used()).await?, None),
         Workload::Set => (BTreeMap::new(), Some(final_set_read(&cell).await?)),
         Workload::Register => (BTreeMap::new(), None),
     };
     let copies = match opts.workload {
-        Workload::ListAppend => {
+        Workload::ListAppend | Workload::Gateway => {
             std::fs::write(dir.join("finals.json"), serde_json::to_vec(&finals)?)?;
             replica_copies(&cell, &keys.used()).await
         }
@@ -1356,6 +1407,7 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         unsafe_skip_fsync: opts.unsafe_skip_fsync,
         unsafe_leader_restore: opts.unsafe_leader_restore,
         unsafe_wake_reads: opts.unsafe_wake_reads,
+        unsafe_gateway_retries: opts.unsafe_gateway_retries,
         sync_delay_ms: if cell.spec.graded_fsync {
             (1..=cell.spec.nodes)
                 .map(|n| cell.sync_delay_ms(n))
@@ -1363,7 +1415,7 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<Results> {
         } else {
             Vec::new()
         },
-        controlled: opts.controlled,
+        controlled,
         partition_method: cell.partition_method(),
         grpc: if cell.grpc_tls() { "tls" } else { "plaintext" },
         workload: opts.workload,
