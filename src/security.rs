@@ -181,6 +181,8 @@ pub fn client_of(creds: &Option<Arc<Credentials>>) -> Option<ClientTls> {
 static CLI_TLS: OnceLock<Option<ClientTls>> = OnceLock::new();
 /// Where the CLI's token comes from: `--token-file` / `STELE_TOKEN_FILE`.
 static CLI_TOKEN_FILE: OnceLock<Option<std::path::PathBuf>> = OnceLock::new();
+/// `--certs-dir` / `STELE_CERTS_DIR`, for [`cli_anonymous`].
+static CLI_CERTS_DIR: OnceLock<Option<std::path::PathBuf>> = OnceLock::new();
 
 /// Loads the CLI's TLS from `--certs-dir` / `STELE_CERTS_DIR`: `DIR/ca.pem`,
 /// with `DIR/operator.pem` + `operator.key` when both exist; notes where
@@ -188,6 +190,7 @@ static CLI_TOKEN_FILE: OnceLock<Option<std::path::PathBuf>> = OnceLock::new();
 pub fn set_cli(dir: Option<&Path>, token_file: Option<&Path>) -> anyhow::Result<()> {
     let tls = cli_tls(dir)?;
     let _ = CLI_TLS.set(tls);
+    let _ = CLI_CERTS_DIR.set(dir.map(Path::to_path_buf));
     let _ = CLI_TOKEN_FILE.set(token_file.map(Path::to_path_buf));
     Ok(())
 }
@@ -220,6 +223,18 @@ fn cli_token() -> anyhow::Result<stele_tls::token::Bearer> {
 /// The CLI's TLS settings (none without `--certs-dir`).
 pub fn cli() -> Option<ClientTls> {
     CLI_TLS.get().cloned().flatten()
+}
+
+/// The CLI's TLS trusting the cell CA and presenting no certificate (a
+/// gateway that must not lend its identity to tokenless requests); none
+/// without `--certs-dir`.
+pub fn cli_anonymous() -> anyhow::Result<Option<ClientTls>> {
+    let Some(dir) = CLI_CERTS_DIR.get().cloned().flatten() else {
+        return Ok(None);
+    };
+    let creds = Credentials::load(Files::roots_only(&dir))
+        .with_context(|| format!("load the CA from {}", dir.display()))?;
+    Ok(Some(ClientTls::new(creds)))
 }
 
 /// Client options of a CLI command: defaults, with the CLI's TLS and

@@ -221,6 +221,13 @@ fn query_error(e: QueryRejection) -> ApiError {
 /// refused here, before anything is sent.
 fn client_of(gw: &Gateway, headers: &HeaderMap) -> Result<(Client, bool), ApiError> {
     let Some(v) = headers.get(header::AUTHORIZATION) else {
+        if gw.opts.require_token {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "permission_denied",
+                "this gateway requires a producer token: Authorization: Bearer <token>",
+            ));
+        }
         return Ok((gw.client.clone(), false));
     };
     let token = v

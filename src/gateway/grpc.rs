@@ -46,6 +46,11 @@ impl GrpcData {
     /// The gateway's client with the caller's bearer token, if any.
     fn client_of<T>(&self, req: &Request<T>) -> Result<Client, Status> {
         match stele_tls::token::bearer_of(req) {
+            None if self.gw.opts.require_token => Err(ApiError::PermissionDenied {
+                reason: "this gateway requires a producer token (authorization: Bearer <token>)"
+                    .into(),
+            }
+            .into()),
             None => Ok(self.gw.client.clone()),
             Some(t) => {
                 let bearer = stele_tls::token::Bearer::new(&t).map_err(|e| {

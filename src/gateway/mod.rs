@@ -70,6 +70,13 @@ pub struct GatewayArgs {
     /// tablet before its batch is sent.
     #[arg(long, default_value = "2ms", value_parser = humantime::parse_duration)]
     linger: Duration,
+    /// Refuse every request without `Authorization: Bearer <token>` (401;
+    /// gRPC: PERMISSION_DENIED), and call the cell with the `--certs-dir`
+    /// CA only, presenting no certificate: every request is then
+    /// authorised by its producer's token alone, never by the gateway's
+    /// own identity.
+    #[arg(long)]
+    require_token: bool,
 }
 
 /// Limits of one gateway.
@@ -78,6 +85,9 @@ pub struct GatewayOptions {
     pub memory_budget_bytes: usize,
     pub body_bytes_max: usize,
     pub linger: Duration,
+    /// Refuse requests without a producer token instead of sending them
+    /// under the gateway's own identity.
+    pub require_token: bool,
 }
 
 /// What every handler shares.
@@ -269,6 +279,8 @@ pub async fn start_in_node(controllers: Vec<String>, own: String) -> anyhow::Res
             memory_budget_bytes: 256 << 20,
             body_bytes_max: 10 << 20,
             linger: Duration::from_millis(2),
+            // A plaintext cell: no identity to borrow.
+            require_token: false,
         },
     ));
     register_metrics();
@@ -288,7 +300,13 @@ pub async fn run(a: GatewayArgs) -> anyhow::Result<()> {
             );
         }
     }
-    let opts: ClientOptions = crate::security::cli_options()?;
+    let mut opts: ClientOptions = crate::security::cli_options()?;
+    if a.require_token {
+        // The nodes then see only the producers' tokens: with the
+        // gateway's certificate on the connection, its rights would
+        // stand in for a token's (a certificate's rights win).
+        opts.tls = crate::security::cli_anonymous()?;
+    }
     let client = if a.nodes.is_empty() {
         Client::connect_cell(&a.controllers, opts).await
     } else {
@@ -308,6 +326,7 @@ pub async fn run(a: GatewayArgs) -> anyhow::Result<()> {
             memory_budget_bytes: a.memory_budget_bytes.max(1),
             body_bytes_max: a.body_bytes_max.max(1),
             linger: a.linger,
+            require_token: a.require_token,
         },
     ));
     register_metrics();

@@ -1142,3 +1142,101 @@ fn the_grpc_front_routes_appends_and_reads_and_refuses_bad_input() {
         "a refused request wrote"
     );
 }
+
+/// `stele gateway --require-token`: a request without a producer token is
+/// refused (HTTP 401, gRPC PERMISSION_DENIED) and writes nothing, instead
+/// of going out under the gateway's own identity, which here (the test
+/// operator's certificate) may append anywhere, as the control without
+/// the flag shows.
+#[test]
+fn a_gateway_that_requires_tokens_refuses_tokenless_requests() {
+    const NS: &str = "gw/tok";
+    let cell = ControlledCell::new(1, 3);
+    let (_controllers, _nodes) = cell.start(1);
+    let strict = Gateway::start(
+        &cell.controllers_arg(),
+        &["--require-token", "--grpc-listen", "127.0.0.1:0"],
+    );
+    let open = Gateway::start(&cell.controllers_arg(), &[]);
+    let (ok, out, err) = stele_tests::run(&[
+        "token",
+        "issue",
+        "--namespaces",
+        NS,
+        "--rights",
+        "append,read",
+        "--expires",
+        "1h",
+        "--name",
+        "gw-test",
+        "--controllers",
+        &cell.controllers_arg(),
+    ]);
+    assert!(ok, "token issue: {out}{err}");
+    let token = format!("Bearer {}", out.trim());
+    let path = format!("/v1/namespaces/{NS}/records");
+    let body = |k: &str| json!({"key": k, "value": "v"}).to_string();
+    let json_ct = ("Content-Type", "application/json");
+
+    let r = strict.call("POST", &path, &[json_ct], body("bad-none").as_bytes());
+    assert_eq!(
+        (r.status, r.kind().as_str()),
+        (401, "permission_denied"),
+        "{}",
+        r.body
+    );
+    let r = strict.call("GET", &format!("/v1/namespaces/{NS}/keys/k1"), &[], b"");
+    assert_eq!(r.status, 401, "a tokenless read: {}", r.body);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut c = rt
+        .block_on(stele_proto::pb::data_client::DataClient::connect(
+            strict.grpc_endpoint(),
+        ))
+        .unwrap();
+    let err = rt
+        .block_on(c.append(stele_proto::pb::AppendRequest {
+            batch_id: vec![7; 16],
+            namespace: NS.into(),
+            records: vec![stele_proto::pb::Record {
+                key: "bad-grpc".into(),
+                ts: 1,
+                value: "v".into(),
+                routing_key: None,
+            }],
+            ..Default::default()
+        }))
+        .unwrap_err();
+    assert!(
+        matches!(
+            stele_proto::Error::from_status(&err),
+            stele_proto::Error::PermissionDenied { .. }
+        ),
+        "{err:?}"
+    );
+
+    // With the producer's token: through.
+    let auth = ("Authorization", token.as_str());
+    let r = strict.call("POST", &path, &[json_ct, auth], body("k1").as_bytes());
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = strict.call("GET", &format!("/v1/namespaces/{NS}/keys/k1"), &[auth], b"");
+    assert_eq!(r.status, 200, "{}", r.body);
+    // Another namespace than the token's: refused by the cell.
+    let r = strict.call(
+        "POST",
+        "/v1/namespaces/gw/other/records",
+        &[json_ct, auth],
+        body("bad-other").as_bytes(),
+    );
+    assert_eq!(r.status, 403, "{}", r.body);
+
+    // The control: without the flag, a tokenless request is appended
+    // under the gateway's identity.
+    let r = open.call("POST", &path, &[json_ct], body("open").as_bytes());
+    assert_eq!(r.status, 200, "{}", r.body);
+    let keys = key_counts(&open.scan_all(NS, 100));
+    assert_eq!(
+        keys.keys().cloned().collect::<Vec<_>>(),
+        ["k1", "open"],
+        "a refused request wrote"
+    );
+}
