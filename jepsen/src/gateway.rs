@@ -293,30 +293,12 @@ pub(crate) async fn gateway_process(
             rec.record(p, kind, op, node);
         } else {
             let key = keys.for_read(slot);
-            rec.record(
-                p,
-                Kind::Invoke,
-                Op::Read {
-                    key: key.clone(),
-                    values: None,
-                },
-                node,
-            );
-            match read_list(ports[at], &key).await {
-                Ok(values) => rec.record(
-                    p,
-                    Kind::Ok,
-                    Op::Read {
-                        key,
-                        values: Some(values),
-                    },
-                    node,
-                ),
-                Err(_) => {
-                    rec.record(p, Kind::Fail, Op::Read { key, values: None }, node);
-                    at = (at + 1) % ports.len();
-                }
+            rec.invoke_read(p, &key, node);
+            let values = read_list(ports[at], &key).await.ok();
+            if values.is_none() {
+                at = (at + 1) % ports.len();
             }
+            rec.read_done(p, key, values, node);
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(0..20))).await;
     }

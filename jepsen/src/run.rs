@@ -354,6 +354,26 @@ impl Recorder {
         }
     }
 
+    /// Records the start of a read of `key`.
+    pub(crate) fn invoke_read(&self, process: u64, key: &str, node: u64) {
+        let op = Op::Read {
+            key: key.to_string(),
+            values: None,
+        };
+        self.record(process, Kind::Invoke, op, node);
+    }
+
+    /// Records the end of a read of `key`: its values, or a failure (a
+    /// read changes nothing: a failed one is simply failed).
+    pub(crate) fn read_done(&self, process: u64, key: String, values: Option<Vec<u64>>, node: u64) {
+        let kind = if values.is_some() {
+            Kind::Ok
+        } else {
+            Kind::Fail
+        };
+        self.record(process, kind, Op::Read { key, values }, node);
+    }
+
     pub(crate) fn record(&self, process: u64, kind: Kind, op: Op, node: u64) {
         let time_ns = self.now();
         self.events.lock().expect("lock").push(Event {
@@ -542,36 +562,12 @@ async fn client_process(
             rec.record(p, kind, op, seed_node as u64);
         } else {
             let key = keys.for_read(slot);
-            rec.record(
-                p,
-                Kind::Invoke,
-                Op::Read {
-                    key: key.clone(),
-                    values: None,
-                },
-                seed_node as u64,
-            );
+            let node = seed_node as u64;
+            rec.invoke_read(p, &key, node);
             let r = c
                 .scan_key_all(NAMESPACE, key.as_bytes(), 0, 0, ReadOptions::default())
                 .await;
-            match r {
-                Ok(rows) => rec.record(
-                    p,
-                    Kind::Ok,
-                    Op::Read {
-                        key,
-                        values: Some(values_of(&rows)),
-                    },
-                    seed_node as u64,
-                ),
-                // A read changes nothing: a failed one is simply failed.
-                Err(_) => rec.record(
-                    p,
-                    Kind::Fail,
-                    Op::Read { key, values: None },
-                    seed_node as u64,
-                ),
-            }
+            rec.read_done(p, key, r.ok().map(|rows| values_of(&rows)), node);
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(0..20))).await;
     }

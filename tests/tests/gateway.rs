@@ -738,32 +738,31 @@ fn the_http_api_keeps_to_its_openapi_document_under_schemathesis() {
     assert!(text.contains("No issues found"), "{tail}");
 }
 
+/// Runs `examples/python/producer.py` against the API at `url`; its
+/// stdout, once it has exited 0.
+fn producer(url: &str, namespace: &str, extra: &[&str]) -> String {
+    let out = Command::new("python3")
+        .arg(root().join("examples/python/producer.py"))
+        .args(["--gateway", url, "--namespace", namespace])
+        .args(extra)
+        .output()
+        .expect("run python3");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "producer.py failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 #[test]
 fn the_python_producer_example_runs_against_a_gateway() {
     const NS: &str = "gw/python";
     let cell = ControlledCell::new(1, 3);
     let (_controllers, _nodes) = cell.start(1);
     let gw = Gateway::start(&cell.controllers_arg(), &[]);
-    let out = Command::new("python3")
-        .arg(root().join("examples/python/producer.py"))
-        .args([
-            "--gateway",
-            &gw.url(),
-            "--namespace",
-            NS,
-            "--count",
-            "50",
-            "--batch",
-            "5",
-        ])
-        .output()
-        .expect("run python3");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "producer.py failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = producer(&gw.url(), NS, &["--count", "50", "--batch", "5"]);
     let counts = key_counts(&gw.scan_all(NS, 1000));
     assert_eq!(counts.len(), 50, "{counts:?}");
     assert!(counts.values().all(|n| *n == 1), "{counts:?}");
@@ -806,24 +805,7 @@ fn the_python_producer_example_runs_against_stele_dev_itself() {
         assert!(started.elapsed() < Duration::from_secs(30), "{}", r.body);
         std::thread::sleep(Duration::from_millis(100));
     }
-    let out = Command::new("python3")
-        .arg(root().join("examples/python/producer.py"))
-        .args([
-            "--gateway",
-            &api,
-            "--namespace",
-            "dev/python",
-            "--count",
-            "30",
-        ])
-        .output()
-        .expect("run python3");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "producer.py failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = producer(&api, "dev/python", &["--count", "30"]);
     assert!(stdout.contains("read back 30"), "{stdout}");
 }
 

@@ -53,6 +53,41 @@ where
     ]
 }
 
+/// Both idle clients append to every tablet of the namespace (at least
+/// `tablets`): the watching one, pushed at least `pushes` messages, goes
+/// straight to the leaders (at most 1% redirected); the control, its watch
+/// off, is redirected (the changes made a cached map stale).
+async fn idle_goes_straight_where_the_control_is_redirected(
+    cell: &ControlledCell,
+    idle: &Client,
+    control: &Client,
+    tablets: usize,
+    pushes: u64,
+    via: &str,
+) {
+    let keys = cell.key_per_tablet(NS);
+    assert!(keys.len() >= tablets, "tablets of the namespace: {keys:?}");
+    let pushed = idle.route_stats();
+    assert!(
+        pushed.pushed >= pushes,
+        "route changes were not pushed{via}: {pushed:?}"
+    );
+    let idle_redirects = probe(idle, &keys, 10, "idle").await;
+    let control_redirects = probe(control, &keys, 10, "control").await;
+    let n = keys.len() as u64 * 10;
+    eprintln!(
+        "idle clients{via} over {n} appends: watching {idle_redirects}, not watching {control_redirects}"
+    );
+    assert!(
+        control_redirects > 0,
+        "the control was never redirected: the changes did not make a cached map stale"
+    );
+    assert!(
+        idle_redirects * 100 <= n,
+        "the watching client was redirected {idle_redirects} times in {n} appends"
+    );
+}
+
 /// Splits the namespace once more and waits for `idle` to be pushed the
 /// new generation (more pushes than `before`).
 async fn split_is_pushed(cell: &ControlledCell, idle: &Client, before: u64, when: &str) {
@@ -111,24 +146,7 @@ async fn pushed_routes_send_requests_straight_to_the_leader_after_splits_and_mov
         "{redirects} of {sent} appends were redirected after route changes"
     );
 
-    let keys = cell.key_per_tablet(NS);
-    assert!(keys.len() >= 6, "tablets of the namespace: {keys:?}");
-    let pushed = idle.route_stats();
-    assert!(pushed.pushed > 0, "no route change was pushed: {pushed:?}");
-    let idle_redirects = probe(&idle, &keys, 10, "idle").await;
-    let control_redirects = probe(&control, &keys, 10, "control").await;
-    let n = keys.len() as u64 * 10;
-    eprintln!(
-        "idle clients over {n} appends: watching {idle_redirects}, not watching {control_redirects}"
-    );
-    assert!(
-        control_redirects > 0,
-        "the control was never redirected: the changes did not make a cached map stale"
-    );
-    assert!(
-        idle_redirects * 100 <= n,
-        "the watching client was redirected {idle_redirects} times in {n} appends"
-    );
+    idle_goes_straight_where_the_control_is_redirected(&cell, &idle, &control, 6, 1, "").await;
 
     // A controller leader change: the watch reopens at the new leader and
     // the next change reaches the client.
@@ -190,24 +208,15 @@ async fn nodes_relay_pushed_routes_to_clients_that_reach_no_controller() {
     );
     assert!(sent > 300, "the writer barely wrote: {sent}");
 
-    let keys = cell.key_per_tablet(NS);
-    assert!(keys.len() >= 4, "tablets of the namespace: {keys:?}");
-    let pushed = idle.route_stats();
-    assert!(pushed.pushed > 1, "no route change was relayed: {pushed:?}");
-    let idle_redirects = probe(&idle, &keys, 10, "idle").await;
-    let control_redirects = probe(&control, &keys, 10, "control").await;
-    let n = keys.len() as u64 * 10;
-    eprintln!(
-        "idle clients through nodes over {n} appends: watching {idle_redirects}, not watching {control_redirects}"
-    );
-    assert!(
-        control_redirects > 0,
-        "the control was never redirected: the changes did not make a cached map stale"
-    );
-    assert!(
-        idle_redirects * 100 <= n,
-        "the watching client was redirected {idle_redirects} times in {n} appends"
-    );
+    idle_goes_straight_where_the_control_is_redirected(
+        &cell,
+        &idle,
+        &control,
+        4,
+        2,
+        " through nodes",
+    )
+    .await;
 
     // The idle client watches the first node that answered (node 1): kill
     // it; the next change arrives through another node's relay.
