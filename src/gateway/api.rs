@@ -343,13 +343,9 @@ async fn append_inner(
                 format!("body larger than {} bytes", gw.opts.body_bytes_max),
             )
         })?;
-    let records = records_of(&bytes, ndjson, crate::cmd::client::now_us())?;
-    // What an idempotency key's batch ids hash: the records as sent, with
-    // no ts of the gateway's (idempotency.rs).
-    let as_sent = match idem {
-        Some(_) => records_of(&bytes, ndjson, 0)?,
-        None => Vec::new(),
-    };
+    // Whether each ts was the producer's: an idempotency key's batch ids
+    // hash no ts of the gateway's (idempotency.rs).
+    let (records, ts_given) = records_of(&bytes, ndjson, crate::cmd::client::now_us())?;
     drop(bytes);
     stele_client::validate(&ns, &records, client.options())
         .map_err(|e| ApiError::from_client(&e, had_token))?;
@@ -361,7 +357,7 @@ async fn append_inner(
         });
     }
     let out = match idem {
-        Some(key) => super::idempotency::append(&client, &ns, &key, records, &as_sent).await,
+        Some(key) => super::idempotency::append(&client, &ns, &key, records, &ts_given).await,
         None if n == 1 && !had_token => {
             let record = records.into_iter().next().expect("one record");
             gw.batcher

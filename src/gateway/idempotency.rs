@@ -45,13 +45,13 @@ pub fn key_of(v: &HeaderValue) -> Result<String, ApiError> {
 }
 
 /// The batches of an idempotent append: record indices and batch id.
-/// `as_sent` are the records with the `ts` the producer gave (0 where it
-/// gave none), index for index.
+/// `ts_given[i]`: record `i`'s `ts` is the producer's (else the gateway's
+/// clock, hashed as 0).
 pub fn batches(
     namespace: &str,
     key: &str,
     records: &[Record],
-    as_sent: &[Record],
+    ts_given: &[bool],
     records_max: usize,
     bytes_max: usize,
 ) -> Vec<(Vec<usize>, [u8; 16])> {
@@ -73,7 +73,7 @@ pub fn batches(
                 key,
                 vshard,
                 run as u32,
-                idxs.iter().map(|&i| &as_sent[i]),
+                idxs.iter().map(|&i| (&records[i], ts_given[i])),
             );
             out.push((idxs, id));
         }
@@ -86,7 +86,7 @@ fn batch_id<'a>(
     key: &str,
     vshard: u32,
     run: u32,
-    records: impl Iterator<Item = &'a Record>,
+    records: impl Iterator<Item = (&'a Record, bool)>,
 ) -> [u8; 16] {
     let mut ctx = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
     let mut part = |b: &[u8]| {
@@ -98,9 +98,9 @@ fn batch_id<'a>(
     part(key.as_bytes());
     part(&vshard.to_be_bytes());
     part(&run.to_be_bytes());
-    for r in records {
+    for (r, ts_given) in records {
         part(&r.key);
-        part(&r.ts.to_be_bytes());
+        part(&(if ts_given { r.ts } else { 0 }).to_be_bytes());
         part(&r.value);
         match &r.routing_key {
             None => part(b""),
@@ -124,14 +124,14 @@ pub async fn append(
     namespace: &str,
     key: &str,
     records: Vec<Record>,
-    as_sent: &[Record],
+    ts_given: &[bool],
 ) -> stele_client::Result<(Vec<Position>, bool)> {
     let opts = client.options();
     let plan = batches(
         namespace,
         key,
         &records,
-        as_sent,
+        ts_given,
         opts.batch_records_max,
         opts.batch_bytes_max,
     );
@@ -166,23 +166,24 @@ mod tests {
         let recs: Vec<Record> = (0..50)
             .map(|i| record(format!("k{}", i % 7), i, "v"))
             .collect();
-        let a = batches("a/b", "req-1", &recs, &recs, 10_000, 1 << 20);
+        let given = vec![true; recs.len()];
+        let a = batches("a/b", "req-1", &recs, &given, 10_000, 1 << 20);
         assert_eq!(
             a,
-            batches("a/b", "req-1", &recs, &recs, 10_000, 1 << 20),
+            batches("a/b", "req-1", &recs, &given, 10_000, 1 << 20),
             "deterministic"
         );
         assert_eq!(a.len(), 7, "one batch per vshard: {a:?}");
         let covered: usize = a.iter().map(|(i, _)| i.len()).sum();
         assert_eq!(covered, 50);
         let ids = |b: &[(Vec<usize>, [u8; 16])]| b.iter().map(|x| x.1).collect::<Vec<_>>();
-        let other_key = batches("a/b", "req-2", &recs, &recs, 10_000, 1 << 20);
-        let other_ns = batches("a/c", "req-1", &recs, &recs, 10_000, 1 << 20);
+        let other_key = batches("a/b", "req-2", &recs, &given, 10_000, 1 << 20);
+        let other_ns = batches("a/c", "req-1", &recs, &given, 10_000, 1 << 20);
         for other in [&other_key, &other_ns] {
             assert!(ids(&a).iter().all(|id| !ids(other).contains(id)));
         }
         // Runs within a vshard get ids of their own.
-        let small = batches("a/b", "req-1", &recs, &recs, 3, 1 << 20);
+        let small = batches("a/b", "req-1", &recs, &given, 3, 1 << 20);
         let mut seen = ids(&small);
         seen.sort();
         seen.dedup();
@@ -192,19 +193,25 @@ mod tests {
         // differ, the same where they do not.
         let mut changed = recs.clone();
         changed[0].value = b"other".to_vec();
-        let reused = batches("a/b", "req-1", &changed, &changed, 10_000, 1 << 20);
+        let reused = batches("a/b", "req-1", &changed, &given, 10_000, 1 << 20);
         let differ = ids(&a)
             .iter()
             .zip(ids(&reused))
             .filter(|(x, y)| **x != *y)
             .count();
         assert_eq!(differ, 1, "only the changed record's batch gets a new id");
-        // A ts the gateway filled in differs per try and is not hashed.
+        // A ts the gateway filled in differs per try and is not hashed;
+        // one the producer gave is.
         let mut later = recs.clone();
         for r in &mut later {
             r.ts += 1_000_000;
         }
-        assert_eq!(batches("a/b", "req-1", &later, &recs, 10_000, 1 << 20), a);
+        let filled = vec![false; recs.len()];
+        assert_eq!(
+            batches("a/b", "req-1", &later, &filled, 10_000, 1 << 20),
+            batches("a/b", "req-1", &recs, &filled, 10_000, 1 << 20),
+        );
+        assert_ne!(batches("a/b", "req-1", &later, &given, 10_000, 1 << 20), a);
     }
 
     #[test]

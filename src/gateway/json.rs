@@ -141,19 +141,22 @@ fn ts_of<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error
 /// The largest timestamp (and time bound) the HTTP API takes.
 pub const TS_MAX: u64 = i64::MAX as u64;
 
-/// Reads one record, text or base64 by its `encoding`.
-fn record_of(v: serde_json::Value, at: usize, now_us: u64) -> Result<Record, ApiError> {
+/// Reads one record, text or base64 by its `encoding`; whether its `ts`
+/// was given (else it is `now_us`).
+fn record_of(v: serde_json::Value, at: usize, now_us: u64) -> Result<(Record, bool), ApiError> {
     let field = |f: &str| format!("records[{at}].{f}");
     let base64 = v.get("encoding").and_then(|e| e.as_str()) == Some("base64");
     let bad = |e: serde_json::Error| ApiError::invalid(&format!("records[{at}]"), &e.to_string());
     if !base64 {
         let r: TextRecord = serde_json::from_value(v).map_err(bad)?;
-        return Ok(Record {
+        let given = r.ts.is_some();
+        let record = Record {
             key: r.key.into_bytes(),
             ts: r.ts.unwrap_or(now_us),
             value: r.value.into_bytes(),
             routing_key: r.routing_key.map(String::into_bytes),
-        });
+        };
+        return Ok((record, given));
     }
     let r: Base64Record = serde_json::from_value(v).map_err(bad)?;
     let decode = |f: &str, s: &str| {
@@ -161,7 +164,7 @@ fn record_of(v: serde_json::Value, at: usize, now_us: u64) -> Result<Record, Api
             .decode(s)
             .map_err(|e| ApiError::invalid(&field(f), &format!("not base64: {e}")))
     };
-    Ok(Record {
+    let record = Record {
         key: decode("key", &r.key)?,
         ts: r.ts.unwrap_or(now_us),
         value: decode("value", &r.value)?,
@@ -169,11 +172,18 @@ fn record_of(v: serde_json::Value, at: usize, now_us: u64) -> Result<Record, Api
             .routing_key
             .map(|k| decode("routing_key", &k))
             .transpose()?,
-    })
+    };
+    Ok((record, r.ts.is_some()))
 }
 
-/// Parses an append body: a JSON object or array, or NDJSON lines.
-pub fn records_of(body: &[u8], ndjson: bool, now_us: u64) -> Result<Vec<Record>, ApiError> {
+/// Parses an append body: a JSON object or array, or NDJSON lines. With
+/// the records, whether each one's `ts` was given (the gateway's clock
+/// filled in the others): what idempotency ids hash.
+pub fn records_of(
+    body: &[u8],
+    ndjson: bool,
+    now_us: u64,
+) -> Result<(Vec<Record>, Vec<bool>), ApiError> {
     let items: Vec<serde_json::Value> = if ndjson {
         let mut out = Vec::new();
         for (n, line) in body.split(|b| *b == b'\n').enumerate() {
@@ -201,7 +211,8 @@ pub fn records_of(body: &[u8], ndjson: bool, now_us: u64) -> Result<Vec<Record>,
         .into_iter()
         .enumerate()
         .map(|(n, v)| record_of(v, n, now_us))
-        .collect()
+        .collect::<Result<Vec<_>, _>>()
+        .map(|parsed| parsed.into_iter().unzip())
 }
 
 /// Where a record was placed: its tablet, the log index of its batch and
@@ -414,35 +425,49 @@ mod tests {
 
     #[test]
     fn bodies() {
-        let one = records_of(br#"{"key":"k","value":"v","ts":5}"#, false, 9).unwrap();
+        let one = records_of(br#"{"key":"k","value":"v","ts":5}"#, false, 9)
+            .unwrap()
+            .0;
         assert_eq!((one[0].key.as_slice(), one[0].ts), (&b"k"[..], 5));
         let many = records_of(
             br#"[{"key":"a","value":"1"},{"key":"b","value":"2"}]"#,
             false,
             9,
         )
-        .unwrap();
+        .unwrap()
+        .0;
         assert_eq!(many.len(), 2);
         assert_eq!(many[1].ts, 9, "the gateway's clock when no ts");
+        let mixed = records_of(
+            br#"[{"key":"a","value":"1","ts":3},{"key":"b","value":"2"}]"#,
+            false,
+            9,
+        )
+        .unwrap();
+        assert_eq!(mixed.1, [true, false], "which ts the producer gave");
         let nd = records_of(
             b"{\"key\":\"a\",\"value\":\"1\"}\n\n{\"key\":\"b\",\"value\":\"2\"}\n",
             true,
             9,
         )
-        .unwrap();
+        .unwrap()
+        .0;
         assert_eq!(nd.len(), 2);
         assert!(
-            records_of(b"[]", false, 9).unwrap().is_empty(),
+            records_of(b"[]", false, 9).unwrap().0.is_empty(),
             "nothing to append"
         );
-        let float = records_of(br#"{"key":"k","value":"v","ts":1403.0}"#, false, 9).unwrap();
+        let float = records_of(br#"{"key":"k","value":"v","ts":1403.0}"#, false, 9)
+            .unwrap()
+            .0;
         assert_eq!(float[0].ts, 1403, "an integral number is an integer");
         let b64 = records_of(
             br#"{"key":"AAE=","value":"/w==","encoding":"base64"}"#,
             false,
             9,
         )
-        .unwrap();
+        .unwrap()
+        .0;
         assert_eq!(
             (b64[0].key.as_slice(), b64[0].value.as_slice()),
             (&[0u8, 1][..], &[255u8][..])
