@@ -886,9 +886,11 @@ fn the_gateway_refuses_flags_that_cannot_work() {
 /// The gateway's gRPC front (`--grpc-listen`), driven with the generated
 /// stubs as a producer in another language would: appends routed by the
 /// gateway (a retried batch id applies once), reads by key and routing
-/// key, the namespace page by page; bad input refused with typed errors
-/// and nothing written; a full budget answers RESOURCE_EXHAUSTED with
-/// retry-after.
+/// key, the namespace page by page; bad input (named tablets, short batch
+/// ids, bad namespaces, records of two tablets, foreign or garbage
+/// cursors, a message past the body limit, a malformed token) refused with
+/// typed errors and nothing written; a full budget answers
+/// RESOURCE_EXHAUSTED with retry-after.
 #[test]
 fn the_grpc_front_routes_appends_and_reads_and_refuses_bad_input() {
     use stele_proto::Error as ApiError;
@@ -905,6 +907,8 @@ fn the_grpc_front_routes_appends_and_reads_and_refuses_bad_input() {
             "127.0.0.1:0",
             "--memory-budget-bytes",
             "100000",
+            "--body-bytes-max",
+            "65536",
         ],
     );
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -1093,6 +1097,27 @@ fn the_grpc_front_routes_appends_and_reads_and_refuses_bad_input() {
             "scan with {name}: {err:?}"
         );
     }
+
+    // A message past --body-bytes-max, and a malformed token: refused
+    // before anything is sent.
+    let err = append(&mut c, 240, vec![rec("bad-big", 1, &"x".repeat(70_000))]).unwrap_err();
+    assert_eq!(err.code(), tonic::Code::OutOfRange, "{err:?}");
+    let mut req = tonic::Request::new(pb::AppendRequest {
+        batch_id: vec![241; 16],
+        namespace: NS.into(),
+        records: vec![rec("bad-token", 1, "x")],
+        ..Default::default()
+    });
+    req.metadata_mut()
+        .insert("authorization", "Bearer nope".parse().unwrap());
+    let err = rt.block_on(c.append(req)).unwrap_err();
+    assert!(
+        matches!(
+            ApiError::from_status(&err),
+            ApiError::PermissionDenied { .. }
+        ),
+        "{err:?}"
+    );
 
     // A full budget (an HTTP request held half sent takes all of it).
     let path = format!("/v1/namespaces/{NS}/records");
